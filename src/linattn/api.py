@@ -1,0 +1,326 @@
+"""The public torch API: :func:`linear_attention` for whole sequences, :func:`step` for one-token decode.
+
+Both validate their inputs, apply the feature map and scale, pick the accumulation dtype and then hand
+``[B, H, T, D]`` tensors to a rule module in :mod:`linattn.ops` (imported on first use, so ``import linattn``
+loads no kernel). Every form of every rule shares this one signature and these defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from linattn.feature_maps import FeatureMap, resolve_feature_map
+from linattn.state import State
+
+RULES = ("accumulate", "gated", "delta", "gated_delta")
+GATED_RULES = ("gated", "gated_delta")
+DELTA_RULES = ("delta", "gated_delta")
+EPS_MODES = ("add", "clamp")
+
+
+def _rule_module(rule: str):
+    if not isinstance(rule, str) or rule not in RULES:
+        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(RULES)}")
+    return importlib.import_module(f"linattn.ops.{rule}")
+
+
+def supported_forms(rule: str) -> tuple[str, ...]:
+    """Names of the execution forms a rule has, e.g. ``supported_forms("delta") == ("recurrent", "chunk")``."""
+    return tuple(_rule_module(rule).FORMS)
+
+
+def _check_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    return x
+
+
+def _check_qkv(q, k, v, token_dims: int) -> None:
+    """Shapes, dtypes and devices of q, k, v. ``token_dims`` is 4 for [B,T,H,D] and 3 for one token [B,H,D]."""
+    layout = "[B, T, H, D]" if token_dims == 4 else "[B, H, D]"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, x, token_dims, layout)
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape {layout}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(
+            f"v must match q on {layout[:-4]}], got q {tuple(q.shape)} and v {tuple(v.shape)}"
+        )
+    if token_dims == 4 and q.shape[1] == 0:
+        raise ValueError(f"empty sequence: q, k, v have T = 0 (shape {tuple(q.shape)})")
+    if min(q.shape) == 0 or v.shape[-1] == 0:
+        raise ValueError(f"q, k, v must have no empty dimension, got q {tuple(q.shape)} and v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+def _check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, device) -> None:
+    """``lead`` is (B, T, H) for sequences, (B, H) for one token."""
+    lead_s = ", ".join(map(str, lead))
+    if rule in GATED_RULES:
+        if g is None:
+            raise ValueError(f"g: rule {rule!r} needs a log-gate g (alpha = exp(g), g <= 0)")
+        per_channel = rule == "gated"
+        ok = (tuple(lead),) + (((*lead, feature_dim),) if per_channel else ())
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"g must be a torch.Tensor, got {type(g).__name__}")
+        if tuple(g.shape) not in ok:
+            want = " or ".join(f"[{', '.join(map(str, s))}]" for s in ok)
+            raise ValueError(f"g must have shape {want} for rule {rule!r}, got {tuple(g.shape)}")
+        if not g.is_floating_point():
+            raise TypeError(f"g must be a floating-point tensor, got {g.dtype}")
+        if g.device != device:
+            raise ValueError(f"g is on {g.device} but q is on {device}")
+        if g.numel() and bool((g > 0).any()):
+            raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); its largest value is {g.max().item():.4g}")
+    elif g is not None:
+        raise ValueError(f"g: rule {rule!r} has no gate; use rule='gated' or 'gated_delta', or pass g=None")
+    if rule in DELTA_RULES:
+        if beta is None:
+            raise ValueError(f"beta: rule {rule!r} needs a write strength beta of shape [{lead_s}]")
+        if not isinstance(beta, torch.Tensor):
+            raise TypeError(f"beta must be a torch.Tensor, got {type(beta).__name__}")
+        if tuple(beta.shape) != tuple(lead):
+            raise ValueError(f"beta must have shape [{lead_s}], got {tuple(beta.shape)}")
+        if not beta.is_floating_point():
+            raise TypeError(f"beta must be a floating-point tensor, got {beta.dtype}")
+        if beta.device != device:
+            raise ValueError(f"beta is on {beta.device} but q is on {device}")
+    elif beta is not None:
+        raise ValueError(f"beta: rule {rule!r} has no write strength; use rule='delta' or 'gated_delta'")
+
+
+def _resolve_normalize(rule: str, normalize: bool | None) -> bool:
+    if normalize is None:
+        return rule not in DELTA_RULES
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
+    if normalize and rule in DELTA_RULES:
+        raise ValueError(f"normalize=True: rule {rule!r} defines no normalizer z; pass normalize=False or None")
+    return normalize
+
+
+def _check_scalars(eps, eps_mode, scale, chunk_size=None) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {list(EPS_MODES)}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def _compute_dtype(x_dtype: torch.dtype, state_dtype: torch.dtype | None) -> torch.dtype:
+    if state_dtype is not None:
+        if not isinstance(state_dtype, torch.dtype) or not state_dtype.is_floating_point:
+            raise TypeError(f"state_dtype must be a floating torch.dtype, got {state_dtype!r}")
+        return state_dtype
+    return torch.float64 if x_dtype == torch.float64 else torch.float32
+
+
+def _features(q, k, fmap: FeatureMap | None, scale: float | None):
+    if fmap is not None:
+        q, k = fmap(q), fmap(k)
+        if q.shape != k.shape:
+            raise ValueError(f"feature_map gave q features {tuple(q.shape)} but k features {tuple(k.shape)}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return q * scale, k
+
+
+def _check_state(state, B, H, Dk, Dv, normalize: bool, device) -> None:
+    if not isinstance(state, State):
+        raise TypeError(f"initial_state must be a linattn.State or None, got {type(state).__name__}")
+    if tuple(state.S.shape) != (B, H, Dk, Dv):
+        raise ValueError(f"initial_state.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}")
+    if normalize and state.z is None:
+        raise ValueError("initial_state.z is None but normalize=True needs the normalizer z")
+    if not normalize and state.z is not None:
+        raise ValueError("initial_state.z is set but normalize=False keeps no normalizer; pass State(S) alone")
+    if state.S.device != device:
+        raise ValueError(f"initial_state is on {state.S.device} but q is on {device}")
+
+
+def _augmented(state: State, dtype) -> torch.Tensor:
+    """[S | z] as one [B, H, Dk, Dv+1] tensor: the normalizer is the memory of a constant value 1.
+
+    Reuses the tensor when the state came out of this library (S and z are views of it), so decode can
+    update in place without copying the state each step.
+    """
+    S, z = state.S, state.z
+    base = S._base
+    if (
+        base is not None
+        and z._base is base
+        and base.dtype == dtype
+        and base.shape[:-1] == S.shape[:-1]
+        and base.shape[-1] == S.shape[-1] + 1
+    ):
+        return base
+    return torch.cat([S, z.unsqueeze(-1)], dim=-1).to(dtype)
+
+
+def _split(S_aug: torch.Tensor, normalize: bool) -> State:
+    return State(S_aug[..., :-1], S_aug[..., -1]) if normalize else State(S_aug)
+
+
+def _read(num_den: torch.Tensor, eps: float, eps_mode: str) -> torch.Tensor:
+    """num / den with the library's single epsilon convention; the last column holds den."""
+    num, den = num_den[..., :-1], num_den[..., -1:]
+    if eps_mode == "add":
+        return num / (den + eps) if eps else num / den
+    return num / den.clamp_min(eps)
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    rule: str = "accumulate",
+    form: str = "chunk",
+    feature_map: str | FeatureMap | None = None,
+    normalize: bool | None = None,
+    scale: float | None = None,
+    eps: float = 1e-6,
+    eps_mode: str = "add",
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    initial_state: State | None = None,
+    output_final_state: bool = False,
+    chunk_size: int = 64,
+    state_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, State | None]:
+    """Causal linear attention over a whole sequence; every ``form`` computes the same function.
+
+    Shapes: ``q, k [B, T, H, Dk_in]``, ``v [B, T, H, Dv]``, output ``o [B, T, H, Dv]`` in ``v.dtype``.
+
+    Args:
+        rule: ``"accumulate"`` S_t = S_{t-1} + k v^T; ``"gated"`` S_t = a_t S_{t-1} + k v^T (``a = exp(g)``, per head
+            or per key channel); ``"delta"`` S_t = S_{t-1} + beta k (v - S^T k)^T; ``"gated_delta"``
+            S_t = a_t (I - beta k k^T) S_{t-1} + beta k v^T (gate before the prediction, as in Gated DeltaNet).
+            The output reads the state after the write: o_t = S_t^T q_t (divided by q_t^T z_t if normalized).
+        form: ``"recurrent"`` (token loop, the semantics), ``"chunk"`` (default; matmuls inside chunks, state carried
+            between them; the training path), ``"parallel"`` (dense masked T x T; accumulate, gated), ``"scan"``
+            (log-depth associative scan; accumulate, gated). :func:`supported_forms` lists them per rule.
+        feature_map: ``None`` (q, k are features already), ``"relu1"``, ``"elu1"``, ``"identity"``, ``"taylor2"``
+            (Based, width 1 + D + D^2) or a callable ``[..., D] -> [..., r]``.
+        normalize: divide by q^T z. ``None`` (default) means the rule's own definition: ``True`` for accumulate and
+            gated, ``False`` for the delta rules (which define no z; ``True`` there is an error).
+        scale: multiplies the query features; default ``r ** -0.5`` with r the feature width (as in
+            flash-linear-attention). With ``normalize`` it cancels except against ``eps``.
+        eps, eps_mode: the denominator is ``den + eps`` (``"add"``, default) or ``max(den, eps)`` (``"clamp"``);
+            ``eps=0`` divides exactly. Used only when normalized, the same way in every form.
+        g: log-gate (``g <= 0``), ``[B, T, H]`` or, for ``"gated"``, ``[B, T, H, r]``. Required by gated rules only.
+        beta: write strength ``[B, T, H]`` for the delta rules. The write converges for ``0 < beta |k|^2 < 2``.
+        initial_state: a :class:`State` with ``S [B, H, r, Dv]`` (and ``z [B, H, r]`` when normalized).
+        output_final_state: return the state after the last token (else ``None``).
+        chunk_size: tokens per chunk in the ``"chunk"`` form (any T works, the last chunk may be shorter).
+        state_dtype: accumulation dtype; default float32, or float64 when the inputs are float64.
+
+    NaN or Inf in any input propagates to the outputs of the tokens it reaches (and to the state); nothing is
+    masked or raised for it. Returns ``(o, final_state)``.
+    """
+    mod = _rule_module(rule)
+    if form not in mod.FORMS:
+        raise ValueError(f"form: rule {rule!r} has no form {form!r}; supported forms: {list(mod.FORMS)}")
+    _check_qkv(q, k, v, 4)
+    _check_scalars(eps, eps_mode, scale, chunk_size)
+    normalize = _resolve_normalize(rule, normalize)
+    B, T, H, _ = q.shape
+    Dv = v.shape[-1]
+    dtype = _compute_dtype(q.dtype, state_dtype)
+    qf, kf = _features(q, k, resolve_feature_map(feature_map), scale)
+    Dk = qf.shape[-1]
+    _check_gate_and_beta(rule, g, beta, (B, T, H), Dk, q.device)
+    if initial_state is not None:
+        _check_state(initial_state, B, H, Dk, Dv, normalize, q.device)
+
+    # Internal layout [B, H, T, D]: each (batch, head) pair is one contiguous sequence for the batched matmuls.
+    def heads_first(x):
+        return x.transpose(1, 2).to(dtype)
+
+    qh, kh, vh = heads_first(qf), heads_first(kf), heads_first(v)
+    if normalize:  # z is the memory of a constant value 1: carry it as one more value column
+        vh = torch.cat([vh, torch.ones_like(vh[..., :1])], dim=-1)
+    if initial_state is None:
+        S0 = torch.zeros(B, H, Dk, vh.shape[-1], dtype=dtype, device=q.device)
+    else:
+        S0 = _augmented(initial_state, dtype) if normalize else initial_state.S.to(dtype)
+    gh = None if g is None else heads_first(g)
+    bh = None if beta is None else heads_first(beta)
+    o, S = mod.FORMS[form](qh, kh, vh, g=gh, beta=bh, initial_state=S0, chunk_size=chunk_size)
+    if normalize:
+        o = _read(o, eps, eps_mode)
+    o = o.transpose(1, 2).to(v.dtype)
+    return o, (_split(S, normalize) if output_final_state else None)
+
+
+def step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: State | None = None,
+    *,
+    rule: str = "accumulate",
+    feature_map: str | FeatureMap | None = None,
+    normalize: bool | None = None,
+    scale: float | None = None,
+    eps: float = 1e-6,
+    eps_mode: str = "add",
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    state_dtype: torch.dtype | None = None,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, State]:
+    """One-token decode: write token t into ``state``, then read it with the query.
+
+    Shapes: ``q, k [B, H, Dk_in]``, ``v [B, H, Dv]``, ``g [B, H]`` (or ``[B, H, r]`` for gated), ``beta [B, H]``;
+    returns ``o [B, H, Dv]`` and the new :class:`State`. Arguments mean what they mean in
+    :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).
+    ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
+    one (no autograd through it); the state must then already be in the accumulation dtype.
+    """
+    mod = _rule_module(rule)
+    _check_qkv(q, k, v, 3)
+    _check_scalars(eps, eps_mode, scale)
+    normalize = _resolve_normalize(rule, normalize)
+    B, H, _ = q.shape
+    Dv = v.shape[-1]
+    qf, kf = _features(q, k, resolve_feature_map(feature_map), scale)
+    Dk = qf.shape[-1]
+    _check_gate_and_beta(rule, g, beta, (B, H), Dk, q.device)
+    if state is None:
+        dtype = _compute_dtype(q.dtype, state_dtype)
+        state = State.zeros(B, H, Dk, Dv, normalizer=normalize, dtype=dtype, device=q.device)
+    else:
+        _check_state(state, B, H, Dk, Dv, normalize, q.device)
+        dtype = _compute_dtype(q.dtype, state_dtype or state.dtype)
+        if inplace and state.dtype != dtype:
+            raise ValueError(f"inplace=True needs the state in {dtype}, got {state.dtype}")
+    vv = v.to(dtype)
+    if normalize:
+        vv = torch.cat([vv, torch.ones_like(vv[..., :1])], dim=-1)
+        S = _augmented(state, dtype)
+    else:
+        S = state.S.to(dtype)
+    o, S = mod.step(
+        qf.to(dtype),
+        kf.to(dtype),
+        vv,
+        g=None if g is None else g.to(dtype),
+        beta=None if beta is None else beta.to(dtype),
+        state=S,
+        inplace=inplace,
+    )
+    if normalize:
+        o = _read(o, eps, eps_mode)
+    return o.to(v.dtype), _split(S, normalize)

@@ -1,0 +1,43 @@
+"""The ``linattn`` command. Thin: each subcommand lives in ``linattn.tools.<name>`` and is imported only when run."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> (module, attribute of the click command, one-line help shown by `linattn --help`)
+COMMANDS = {
+    "bench": ("linattn.tools.bench", "command", "Decode step: explicit KV history vs fixed recurrent state."),
+    "lab": ("linattn.tools.lab", "command", "PASS/FAIL checks that prove the mechanism on random inputs."),
+    "memory": ("linattn.tools.memory", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
+    "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
+    "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
+    "perf": ("linattn.tools.perf", "command", "CPU kernel benchmark against peers and the machine's own rates."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="linattn")
+def main() -> None:
+    """linattn: causal linear attention with a recurrent state."""
+
+
+if __name__ == "__main__":
+    main()

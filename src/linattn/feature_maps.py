@@ -1,0 +1,57 @@
+"""Feature maps phi applied to queries and keys before the recurrence.
+
+A map takes ``[..., D]`` and returns ``[..., r]``; ``r`` (the feature width) is the state's key dimension.
+Normalized linear attention needs non-negative features so that the denominator phi(q)^T z stays positive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+FeatureMap = Callable[[torch.Tensor], torch.Tensor]
+
+
+def relu1(x: torch.Tensor) -> torch.Tensor:
+    """relu(x) + 1: strictly positive, the map of the float64 reference."""
+    return F.relu(x) + 1
+
+
+def elu1(x: torch.Tensor) -> torch.Tensor:
+    """elu(x) + 1: strictly positive (Katharopoulos et al., 2020)."""
+    return F.elu(x) + 1
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """No map: q and k are used as given (the usual choice for delta rules, with L2-normalized keys)."""
+    return x
+
+
+def taylor2(x: torch.Tensor) -> torch.Tensor:
+    """Second-order Taylor map of Based (Arora et al., 2024): width 1 + D + D^2.
+
+    phi(q).phi(k) = 1 + (q.k)/sqrt(D) + (q.k)^2 / (2 D), the expansion of exp(q.k / sqrt(D)) to second order.
+    Its values can be negative but the dot product 1 + s + s^2/2 is always > 0.
+    """
+    d = x.shape[-1]
+    x = x / d**0.25  # so that first-order term is q.k / sqrt(D)
+    ones = torch.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device)
+    outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / math.sqrt(2)
+    return torch.cat([ones, x, outer], dim=-1)
+
+
+FEATURE_MAPS: dict[str, FeatureMap] = {"relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2}
+
+
+def resolve_feature_map(feature_map: str | FeatureMap | None) -> FeatureMap | None:
+    """Turn the ``feature_map`` argument into a callable (``None`` stays ``None``: inputs are features already)."""
+    if feature_map is None or callable(feature_map):
+        return feature_map
+    if isinstance(feature_map, str):
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of {sorted(FEATURE_MAPS)}")
+        return FEATURE_MAPS[feature_map]
+    raise TypeError(f"feature_map must be None, a name or a callable, got {type(feature_map).__name__}")
