@@ -136,35 +136,38 @@ def _features(q, k, fmap: FeatureMap | None, scale: float | None):
     return q * scale, k
 
 
-def _check_state(state, B, H, Dk, Dv, normalize: bool, device) -> None:
+def _check_state(state, B, H, Dk, Dv, normalize: bool, device, name: str = "initial_state") -> None:
     if not isinstance(state, State):
-        raise TypeError(f"initial_state must be a linattn.State or None, got {type(state).__name__}")
+        raise TypeError(f"{name} must be a linattn.State or None, got {type(state).__name__}")
     if tuple(state.S.shape) != (B, H, Dk, Dv):
-        raise ValueError(f"initial_state.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}")
+        raise ValueError(f"{name}.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}")
     if normalize and state.z is None:
-        raise ValueError("initial_state.z is None but normalize=True needs the normalizer z")
+        raise ValueError(f"{name}.z is None but normalize=True needs the normalizer z")
     if not normalize and state.z is not None:
-        raise ValueError("initial_state.z is set but normalize=False keeps no normalizer; pass State(S) alone")
+        raise ValueError(f"{name}.z is set but normalize=False keeps no normalizer; pass State(S) alone")
     if state.S.device != device:
-        raise ValueError(f"initial_state is on {state.S.device} but q is on {device}")
+        raise ValueError(f"{name} is on {state.S.device} but q is on {device}")
 
 
 def _augmented(state: State, dtype) -> torch.Tensor:
     """[S | z] as one [B, H, Dk, Dv+1] tensor: the normalizer is the memory of a constant value 1.
 
-    Reuses the tensor when the state came out of this library (S and z are views of it), so decode can
-    update in place without copying the state each step.
+    When the state came out of this library, S and z are views of one such buffer; then that buffer is returned
+    itself (found through the memory layout, which also holds under ``torch.inference_mode``), so decode can
+    update it in place without copying the state each step.
     """
     S, z = state.S, state.z
-    base = S._base
-    if (
-        base is not None
-        and z._base is base
-        and base.dtype == dtype
-        and base.shape[:-1] == S.shape[:-1]
-        and base.shape[-1] == S.shape[-1] + 1
-    ):
-        return base
+    Dv = S.shape[-1]
+    shares_buffer = (
+        S.dtype == dtype
+        and not (S.requires_grad or z.requires_grad)
+        and S.stride(-1) == 1
+        and S.stride(-2) == Dv + 1
+        and z.stride() == S.stride()[:-1]
+        and z.data_ptr() == S.data_ptr() + Dv * S.element_size()
+    )
+    if shares_buffer:
+        return S.as_strided((*S.shape[:-1], Dv + 1), S.stride(), S.storage_offset())
     return torch.cat([S, z.unsqueeze(-1)], dim=-1).to(dtype)
 
 
@@ -238,7 +241,8 @@ def linear_attention(
     B, T, H, _ = q.shape
     Dv = v.shape[-1]
     dtype = _compute_dtype(q.dtype, state_dtype)
-    qf, kf = _features(q, k, resolve_feature_map(feature_map), scale)
+    # Features in the accumulation dtype: a bfloat16 feature map (Taylor's outer products) would add its own error.
+    qf, kf = _features(q.to(dtype), k.to(dtype), resolve_feature_map(feature_map), scale)
     Dk = qf.shape[-1]
     _check_gate_and_beta(rule, g, beta, (B, T, H), Dk, q.device)
     if initial_state is not None:
@@ -295,15 +299,16 @@ def step(
     normalize = _resolve_normalize(rule, normalize)
     B, H, _ = q.shape
     Dv = v.shape[-1]
-    qf, kf = _features(q, k, resolve_feature_map(feature_map), scale)
+    if state is not None and not isinstance(state, State):
+        raise TypeError(f"state must be a linattn.State or None, got {type(state).__name__}")
+    dtype = _compute_dtype(q.dtype, state_dtype or (None if state is None else state.dtype))
+    qf, kf = _features(q.to(dtype), k.to(dtype), resolve_feature_map(feature_map), scale)
     Dk = qf.shape[-1]
     _check_gate_and_beta(rule, g, beta, (B, H), Dk, q.device)
     if state is None:
-        dtype = _compute_dtype(q.dtype, state_dtype)
         state = State.zeros(B, H, Dk, Dv, normalizer=normalize, dtype=dtype, device=q.device)
     else:
-        _check_state(state, B, H, Dk, Dv, normalize, q.device)
-        dtype = _compute_dtype(q.dtype, state_dtype or state.dtype)
+        _check_state(state, B, H, Dk, Dv, normalize, q.device, name="state")
         if inplace and state.dtype != dtype:
             raise ValueError(f"inplace=True needs the state in {dtype}, got {state.dtype}")
     vv = v.to(dtype)
@@ -313,8 +318,8 @@ def step(
     else:
         S = state.S.to(dtype)
     o, S = mod.step(
-        qf.to(dtype),
-        kf.to(dtype),
+        qf,
+        kf,
         vv,
         g=None if g is None else g.to(dtype),
         beta=None if beta is None else beta.to(dtype),

@@ -48,15 +48,25 @@ def step(q, k, v, *, g=None, beta=None, state, inplace=False):
 
 
 # ---------------------------------------------------------------------------------------------- parallel
-def _masked_exp_diff(G: torch.Tensor, inclusive: bool = True) -> torch.Tensor:
-    """exp(G_i - G_j) for j <= i (j < i if not inclusive), 0 elsewhere; G [..., T] -> [..., T, T].
+def _log_cumsum(g: torch.Tensor, dim: int) -> torch.Tensor:
+    """Cumulative log-gate in float64: later differences G_i - G_j would otherwise cancel catastrophically
+    (after a strong decay |G| is large while G_i - G_j is small). Exponents are cast back just before exp."""
+    return g.to(torch.float64).cumsum(dim=dim)
+
+
+def _exp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype).exp()
+
+
+def _masked_exp_diff(G: torch.Tensor, dtype: torch.dtype, inclusive: bool = True) -> torch.Tensor:
+    """exp(G_i - G_j) for j <= i (j < i if not inclusive), 0 elsewhere; G [..., T] -> [..., T, T] in ``dtype``.
 
     The mask goes in before the exp, so the positive differences above the diagonal never overflow.
     """
     T = G.shape[-1]
     mask = torch.ones(T, T, dtype=torch.bool, device=G.device).tril(0 if inclusive else -1)
     diff = G[..., :, None] - G[..., None, :]
-    return torch.where(mask, diff, torch.full_like(diff, float("-inf"))).exp()
+    return _exp(torch.where(mask, diff, torch.full_like(diff, float("-inf"))), dtype)
 
 
 def parallel(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
@@ -66,20 +76,21 @@ def parallel(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
     if g is None:
         A = torch.matmul(q, k.transpose(-1, -2)).tril()
         return torch.matmul(A, v) + torch.matmul(q, S0), S0 + torch.matmul(k.transpose(-1, -2), v)
-    G = g.cumsum(dim=2)
+    G = _log_cumsum(g, dim=2)
+    dt = q.dtype
     if _per_channel(g, q):
         # A_ij = sum_c q_ic k_jc exp(G_ic - G_jc): the decay differs per channel, so no single matmul computes it.
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         diff = G[:, :, :, None, :] - G[:, :, None, :, :]
-        decay = torch.where(mask[..., None], diff, torch.full_like(diff, float("-inf"))).exp()
+        decay = _exp(torch.where(mask[..., None], diff, torch.full_like(diff, float("-inf"))), dt)
         A = torch.einsum("bhic,bhjc,bhijc->bhij", q, k, decay)
         G_last = G[:, :, -1:, :]
-        S = G_last.exp().transpose(-1, -2) * S0 + torch.matmul((k * (G_last - G).exp()).transpose(-1, -2), v)
-        return torch.matmul(A, v) + torch.matmul(q * G.exp(), S0), S
-    A = torch.matmul(q, k.transpose(-1, -2)) * _masked_exp_diff(G)
+        S = _exp(G_last, dt).transpose(-1, -2) * S0 + torch.matmul((k * _exp(G_last - G, dt)).transpose(-1, -2), v)
+        return torch.matmul(A, v) + torch.matmul(q * _exp(G, dt), S0), S
+    A = torch.matmul(q, k.transpose(-1, -2)) * _masked_exp_diff(G, dt)
     G_last = G[:, :, -1:]
-    S = G_last.exp()[..., None] * S0 + torch.matmul((k * (G_last - G).exp()[..., None]).transpose(-1, -2), v)
-    return torch.matmul(A, v) + torch.matmul(q * G.exp()[..., None], S0), S
+    S = _exp(G_last, dt)[..., None] * S0 + torch.matmul((k * _exp(G_last - G, dt)[..., None]).transpose(-1, -2), v)
+    return torch.matmul(A, v) + torch.matmul(q * _exp(G, dt)[..., None], S0), S
 
 
 # ---------------------------------------------------------------------------------------------- scan
@@ -145,16 +156,18 @@ def _intra_per_channel(q, k, G):
     Gs = G.reshape(*lead, m, s, Dk)
     # r_I: cumulative gate before sub-block I (0 before the first one).
     r = torch.cat([torch.zeros_like(Gs[..., :1, 0, :]), Gs[..., :-1, -1, :]], dim=-2)  # [..., m, Dk]
-    q_scaled = q.reshape(*lead, m, s, Dk) * (Gs - r[..., None, :]).exp()
+    q_scaled = q.reshape(*lead, m, s, Dk) * _exp(Gs - r[..., None, :], q.dtype)
     before = torch.arange(C, device=q.device)[None, :] < (torch.arange(m, device=q.device) * s)[:, None]  # [m, C]
     expo = r[..., :, None, :] - G[..., None, :, :]  # [..., m, C, Dk]
-    k_scaled = k[..., None, :, :] * torch.where(before[..., None], expo, torch.full_like(expo, float("-inf"))).exp()
+    k_scaled = k[..., None, :, :] * _exp(
+        torch.where(before[..., None], expo, torch.full_like(expo, float("-inf"))), k.dtype
+    )
     A = torch.matmul(q_scaled, k_scaled.transpose(-1, -2))  # [..., m, s, C]
     # Diagonal sub-blocks, exact.
     ks = k.reshape(*lead, m, s, Dk)
     inner = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
     diff = Gs[..., :, None, :] - Gs[..., None, :, :]
-    decay = torch.where(inner[..., None], diff, torch.full_like(diff, float("-inf"))).exp()
+    decay = _exp(torch.where(inner[..., None], diff, torch.full_like(diff, float("-inf"))), q.dtype)
     A_diag = torch.einsum("...ic,...jc,...ijc->...ij", q.reshape(*lead, m, s, Dk), ks, decay)  # [..., m, s, s]
     A = A.reshape(*lead, m, s, m, s)
     idx = torch.arange(m, device=q.device)
@@ -168,39 +181,44 @@ def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64):
     All chunks' inner products are batched matmuls; only the carry S_{c+1} = a_c S_c + dS_c is a loop over chunks
     (a cumulative sum when ungated). Then every chunk reads its incoming state in one batched matmul.
     """
-    T = q.shape[2]
+    B, H, T, Dk = q.shape
     C = min(chunk_size, T)
     qc, kc, vc = _to_chunks(q, C), _to_chunks(k, C), _to_chunks(v, C)
+    n, Dv = qc.shape[2], vc.shape[-1]
     S0 = initial_state
     if g is None:
-        A = torch.matmul(qc, kc.transpose(-1, -2)).tril()
+        A = torch.matmul(qc, kc.transpose(-1, -2)).tril_()
         dS = torch.matmul(kc.transpose(-1, -2), vc)  # [B, H, n, Dk, Dv]
-        S_after = dS.cumsum(dim=2) + S0[:, :, None]
-        S_before = torch.cat([S0[:, :, None], S_after[:, :, :-1]], dim=2)
-        o = torch.matmul(A, vc) + torch.matmul(qc, S_before)
-        return o.flatten(2, 3)[:, :, :T], S_after[:, :, -1]
-
-    Gc = _to_chunks(g, C).cumsum(dim=3)  # cumulative log-gate inside each chunk
-    per_channel = _per_channel(g, q)
-    if per_channel:
-        G_last = Gc[:, :, :, -1:, :]  # [B, H, n, 1, Dk]
-        A = _intra_per_channel(qc, kc, Gc)
-        q_in = qc * Gc.exp()
-        k_out = kc * (G_last - Gc).exp()
-        chunk_decay = G_last.exp().transpose(-1, -2)  # [B, H, n, Dk, 1]
+        # Exclusive prefix sum: the state entering chunk c is S0 plus the writes of chunks 0..c-1.
+        S_before = torch.cat([S0[:, :, None], dS[:, :, :-1]], dim=2).cumsum(dim=2)
+        S_final = S_before[:, :, -1] + dS[:, :, -1]
+        q_in = qc
     else:
-        G_last = Gc[:, :, :, -1:]  # [B, H, n, 1]
-        A = torch.matmul(qc, kc.transpose(-1, -2)) * _masked_exp_diff(Gc)
-        q_in = qc * Gc.exp()[..., None]
-        k_out = kc * (G_last - Gc).exp()[..., None]
-        chunk_decay = G_last.exp()[..., None]  # [B, H, n, 1, 1]
-    dS = torch.matmul(k_out.transpose(-1, -2), vc)
-    states = [S0]
-    for c in range(dS.shape[2]):
-        states.append(chunk_decay[:, :, c] * states[-1] + dS[:, :, c])
-    S_before = torch.stack(states[:-1], dim=2)
-    o = torch.matmul(A, vc) + torch.matmul(q_in, S_before)
-    return o.flatten(2, 3)[:, :, :T], states[-1]
+        Gc = _log_cumsum(_to_chunks(g, C), dim=3)  # cumulative log-gate inside each chunk, float64
+        dt = q.dtype
+        if _per_channel(g, q):
+            G_last = Gc[:, :, :, -1:, :]  # [B, H, n, 1, Dk]
+            A = _intra_per_channel(qc, kc, Gc)
+            q_in = qc * _exp(Gc, dt)
+            k_out = kc * _exp(G_last - Gc, dt)
+            chunk_decay = _exp(G_last, dt).transpose(-1, -2)  # [B, H, n, Dk, 1]
+        else:
+            G_last = Gc[:, :, :, -1:]  # [B, H, n, 1]
+            A = torch.matmul(qc, kc.transpose(-1, -2)) * _masked_exp_diff(Gc, dt)
+            q_in = qc * _exp(Gc, dt)[..., None]
+            k_out = kc * _exp(G_last - Gc, dt)[..., None]
+            chunk_decay = _exp(G_last, dt)[..., None]  # [B, H, n, 1, 1]
+        dS = torch.matmul(k_out.transpose(-1, -2), vc)
+        states = [S0]
+        for c in range(n):
+            states.append(torch.addcmul(dS[:, :, c], chunk_decay[:, :, c], states[-1]))
+        S_before = torch.stack(states[:-1], dim=2)
+        S_final = states[-1]
+    # o = A V + Q_in S_before, the add fused into the second product.
+    o = torch.baddbmm(
+        torch.matmul(A, vc).view(-1, C, Dv), q_in.reshape(-1, C, Dk), S_before.reshape(-1, Dk, Dv)
+    ).view(B, H, n * C, Dv)
+    return o[:, :, :T], S_final
 
 
 FORMS = {"recurrent": recurrent, "chunk": chunk, "parallel": parallel, "scan": scan}

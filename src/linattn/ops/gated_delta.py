@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from linattn.ops.gated import _masked_exp_diff, _to_chunks
+from linattn.ops.gated import _exp, _log_cumsum, _masked_exp_diff, _to_chunks
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
@@ -71,18 +71,24 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64):
         q_in, k_in, k_out = qc, kc, kc
         chunk_decay = None
     else:
-        Gc = _to_chunks(g, C).cumsum(dim=3)
-        A = bc[..., :, None] * kk * _masked_exp_diff(Gc, inclusive=False)
-        P = qk * _masked_exp_diff(Gc)
-        q_in = qc * Gc.exp()[..., None]
-        k_in = kc * Gc.exp()[..., None]
-        k_out = kc * (Gc[..., -1:] - Gc).exp()[..., None]
-        chunk_decay = Gc[..., -1].exp()[..., None, None]  # [B, H, n, 1, 1]
+        Gc = _log_cumsum(_to_chunks(g, C), dim=3)  # float64: see linattn.ops.gated._log_cumsum
+        dt = q.dtype
+        A = bc[..., :, None] * kk * _masked_exp_diff(Gc, dt, inclusive=False)
+        P = qk * _masked_exp_diff(Gc, dt)
+        q_in = qc * _exp(Gc, dt)[..., None]
+        k_in = kc * _exp(Gc, dt)[..., None]
+        k_out = kc * _exp(Gc[..., -1:] - Gc, dt)[..., None]
+        chunk_decay = _exp(Gc[..., -1], dt)[..., None, None]  # [B, H, n, 1, 1]
     Dv = vc.shape[-1]
     rhs = torch.cat([bc[..., None] * vc, bc[..., None] * k_in], dim=-1)
     # A is strictly lower triangular: I + A is unit lower triangular, a triangular solve rather than an inverse.
     eye = torch.eye(C, dtype=A.dtype, device=A.device)
-    UW = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
+    if A.dtype in (torch.bfloat16, torch.float16):  # no half-precision triangular solve on every device
+        UW = torch.linalg.solve_triangular(
+            (A + eye).float(), rhs.float(), upper=False, unitriangular=True
+        ).to(A.dtype)
+    else:
+        UW = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
     U, W = UW[..., :Dv], UW[..., Dv:]
     k_out_t = k_out.transpose(-1, -2)
     identity = torch.eye(k_out_t.shape[-2], dtype=A.dtype, device=A.device)

@@ -1,0 +1,292 @@
+"""Float64 NumPy ground truth for every rule: plain loops, written to be read, not to be fast.
+
+Everything here follows ``NOTES.md`` literally, one token at a time, so that each fast torch form in
+:mod:`linattn.ops` can be checked against it. No torch import: the reference must not share code with what it
+checks.
+
+* :func:`positive_feature_map` and :func:`linear_attention_scan`: the basic normalized linear attention of one
+  head on ``[T, D]`` arrays (NOTES.md section 1).
+* :func:`linear_attention`: all four rules with the torch API's layout ``[B, T, H, D]`` and arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+RULES = ("accumulate", "gated", "delta", "gated_delta")
+GATED_RULES = ("gated", "gated_delta")
+DELTA_RULES = ("delta", "gated_delta")
+EPS_MODES = ("add", "clamp")
+
+NumpyFeatureMap = Callable[[np.ndarray], np.ndarray]
+
+
+def _as_float64(name: str, x: object) -> np.ndarray:
+    """Any real numeric array-like as float64; bool, complex and object arrays are refused, not guessed at."""
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
+
+
+def _check_2d(name: str, x: object) -> np.ndarray:
+    arr = _as_float64(name, x)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array [T, D], got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {arr.shape}")
+    return arr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NOTES.md section 1 on one head: phi = relu + 1, exact division, current token included.
+
+
+def positive_feature_map(x: object) -> np.ndarray:
+    """``relu(x) + 1`` elementwise: same shape as ``x``, every element >= 1 (so strictly positive)."""
+    arr = _check_2d("x", x)
+    return np.maximum(arr, 0.0) + 1.0
+
+
+def linear_attention_scan(
+    queries: object, keys: object, values: object
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Causal normalized linear attention of one head, token by token.
+
+    ``S_t = S_{t-1} + phi(k_t) v_t^T``, ``z_t = z_{t-1} + phi(k_t)``, ``y_t = phi(q_t)^T S_t / phi(q_t)^T z_t``
+    with ``phi = relu + 1``; the state is written before it is read, so token t sees itself.
+
+    Args:
+        queries, keys: ``[T, D]``, same shape. values: ``[T, Dv]``.
+
+    Returns:
+        ``(outputs [T, Dv], final_state [D, Dv], final_normalizer [D])``, float64.
+    """
+    q = _check_2d("queries", queries)
+    k = _check_2d("keys", keys)
+    v = _check_2d("values", values)
+    if q.shape != k.shape:
+        raise ValueError(f"queries and keys must have the same shape [T, D], got {q.shape} and {k.shape}")
+    if v.shape[0] != q.shape[0]:
+        raise ValueError(f"values must have the same length T as queries, got {v.shape[0]} and {q.shape[0]}")
+    phi_q, phi_k = positive_feature_map(q), positive_feature_map(k)
+    T, D = q.shape
+    S = np.zeros((D, v.shape[1]))
+    z = np.zeros(D)
+    outputs = np.zeros((T, v.shape[1]))
+    for t in range(T):
+        S = S + np.outer(phi_k[t], v[t])
+        z = z + phi_k[t]
+        outputs[t] = (phi_q[t] @ S) / (phi_q[t] @ z)
+    return outputs, S, z
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Feature maps: NumPy twins of linattn.feature_maps, same names, same formulas.
+
+
+def relu1(x: np.ndarray) -> np.ndarray:
+    """relu(x) + 1."""
+    return np.maximum(x, 0.0) + 1.0
+
+
+def elu1(x: np.ndarray) -> np.ndarray:
+    """elu(x) + 1: x + 1 for x > 0, exp(x) otherwise (no cancellation of -1 + 1 for very negative x)."""
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def identity(x: np.ndarray) -> np.ndarray:
+    """No map."""
+    return x
+
+
+def taylor2(x: np.ndarray) -> np.ndarray:
+    """Based's 2nd-order Taylor map, width 1 + D + D^2: phi(q).phi(k) = 1 + s + s^2 / 2 with s = q.k / sqrt(D)."""
+    d = x.shape[-1]
+    x = x / d**0.25
+    ones = np.ones(x.shape[:-1] + (1,))
+    outer = (x[..., :, None] * x[..., None, :]).reshape(x.shape[:-1] + (d * d,)) / math.sqrt(2)
+    return np.concatenate([ones, x, outer], axis=-1)
+
+
+FEATURE_MAPS: dict[str, NumpyFeatureMap] = {"relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2}
+
+
+def _resolve_feature_map(feature_map: str | NumpyFeatureMap | None) -> NumpyFeatureMap | None:
+    if feature_map is None or callable(feature_map):
+        return feature_map
+    if isinstance(feature_map, str):
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of {sorted(FEATURE_MAPS)}")
+        return FEATURE_MAPS[feature_map]
+    raise TypeError(f"feature_map must be None, a name or a callable, got {type(feature_map).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# All rules, [B, T, H, D] layout, the semantics of linattn.linear_attention.
+
+
+def _check_inputs(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q, k, v = _as_float64("q", q), _as_float64("k", k), _as_float64("v", v)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be [B, T, H, D], got shape {x.shape}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape [B, T, H, D], got q {q.shape} and k {k.shape}")
+    if v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"v must match q on [B, T, H], got q {q.shape} and v {v.shape}")
+    if q.shape[1] == 0:
+        raise ValueError(f"empty sequence: q, k, v have T = 0 (shape {q.shape})")
+    if min(q.shape) == 0 or v.shape[-1] == 0:
+        raise ValueError(f"q, k, v must have no empty dimension, got q {q.shape} and v {v.shape}")
+    return q, k, v
+
+
+def _check_options(rule, normalize, eps, eps_mode, scale) -> bool:
+    if not isinstance(rule, str) or rule not in RULES:
+        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(RULES)}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {list(EPS_MODES)}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if normalize is None:
+        return rule not in DELTA_RULES
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
+    if normalize and rule in DELTA_RULES:
+        raise ValueError(f"normalize=True: rule {rule!r} defines no normalizer z; pass normalize=False or None")
+    return normalize
+
+
+def _check_gate(rule: str, g, B: int, T: int, H: int, r: int) -> np.ndarray | None:
+    if rule not in GATED_RULES:
+        if g is not None:
+            raise ValueError(f"g: rule {rule!r} has no gate; use rule='gated' or 'gated_delta', or pass g=None")
+        return None
+    if g is None:
+        raise ValueError(f"g: rule {rule!r} needs a log-gate g (alpha = exp(g), g <= 0)")
+    g = _as_float64("g", g)
+    ok = [(B, T, H)] + ([(B, T, H, r)] if rule == "gated" else [])
+    if g.shape not in ok:
+        raise ValueError(f"g must have shape {' or '.join(map(str, ok))} for rule {rule!r}, got {g.shape}")
+    if (g > 0).any():
+        raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); its largest value is {g.max():.4g}")
+    return g
+
+
+def _check_beta(rule: str, beta, B: int, T: int, H: int) -> np.ndarray | None:
+    if rule not in DELTA_RULES:
+        if beta is not None:
+            raise ValueError(f"beta: rule {rule!r} has no write strength; use rule='delta' or 'gated_delta'")
+        return None
+    if beta is None:
+        raise ValueError(f"beta: rule {rule!r} needs a write strength beta of shape {(B, T, H)}")
+    beta = _as_float64("beta", beta)
+    if beta.shape != (B, T, H):
+        raise ValueError(f"beta must have shape {(B, T, H)}, got {beta.shape}")
+    return beta
+
+
+def _initial(initial_S, initial_z, normalize: bool, B: int, H: int, r: int, Dv: int):
+    if normalize and (initial_S is None) != (initial_z is None):
+        missing = "initial_z" if initial_z is None else "initial_S"
+        raise ValueError(f"{missing} is None: a normalized initial state needs both initial_S and initial_z")
+    if not normalize and initial_z is not None:
+        raise ValueError("initial_z is set but normalize=False keeps no normalizer; pass initial_z=None")
+    S = np.zeros((B, H, r, Dv)) if initial_S is None else _as_float64("initial_S", initial_S)
+    if S.shape != (B, H, r, Dv):
+        raise ValueError(f"initial_S must be [B, H, Dk, Dv] = {(B, H, r, Dv)}, got {S.shape}")
+    if not normalize:
+        return S.copy(), None
+    z = np.zeros((B, H, r)) if initial_z is None else _as_float64("initial_z", initial_z)
+    if z.shape != (B, H, r):
+        raise ValueError(f"initial_z must be [B, H, Dk] = {(B, H, r)}, got {z.shape}")
+    return S.copy(), z.copy()
+
+
+def _divide(num: np.ndarray, den: float, eps: float, eps_mode: str) -> np.ndarray:
+    """The library's two epsilon conventions; ``eps = 0`` with ``"add"`` is exact division."""
+    if eps_mode == "add":
+        return num / (den + eps)
+    return num / max(den, eps)
+
+
+def linear_attention(
+    q: object,
+    k: object,
+    v: object,
+    *,
+    rule: str = "accumulate",
+    feature_map: str | NumpyFeatureMap | None = None,
+    normalize: bool | None = None,
+    scale: float | None = None,
+    eps: float = 1e-6,
+    eps_mode: str = "add",
+    g: object | None = None,
+    beta: object | None = None,
+    initial_S: object | None = None,
+    initial_z: object | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Every rule of :func:`linattn.linear_attention` as a plain loop over batch, head and token, in float64.
+
+    Shapes and meanings are those of the torch API: ``q, k [B, T, H, D]``, ``v [B, T, H, Dv]``, ``g [B, T, H]``
+    (or ``[B, T, H, r]`` for ``"gated"``), ``beta [B, T, H]``, ``initial_S [B, H, r, Dv]``, ``initial_z [B, H, r]``
+    where ``r`` is the feature width. The query features are multiplied by ``scale`` (default ``r ** -0.5``).
+    A callable ``feature_map`` gets and returns NumPy arrays ``[..., D] -> [..., r]``.
+
+    Per token, with ``a = exp(g_t)`` (a number, or a vector for a per-channel gate acting as ``diag(a)``)::
+
+        accumulate:  S = S + k v^T                        z = z + k
+        gated:       S = a S + k v^T                      z = a z + k
+        delta:       u = beta (v - S^T k);  S = S + k u^T
+        gated_delta: S = a S;  u = beta (v - S^T k);  S = S + k u^T
+        output:      o = S^T q,  divided by (q^T z + eps) ("add") or max(q^T z, eps) ("clamp") when normalized
+
+    Returns:
+        ``(o [B, T, H, Dv], S [B, H, r, Dv], z [B, H, r] or None)``, float64.
+    """
+    q, k, v = _check_inputs(q, k, v)
+    normalize = _check_options(rule, normalize, eps, eps_mode, scale)
+    fmap = _resolve_feature_map(feature_map)
+    if fmap is not None:
+        q, k = _as_float64("feature_map(q)", fmap(q)), _as_float64("feature_map(k)", fmap(k))
+        if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
+            raise ValueError(f"feature_map gave q features {q.shape} and k features {k.shape} for v {v.shape}")
+    B, T, H, r = q.shape
+    Dv = v.shape[-1]
+    q = q * (r**-0.5 if scale is None else scale)
+    g = _check_gate(rule, g, B, T, H, r)
+    beta = _check_beta(rule, beta, B, T, H)
+    S_all, z_all = _initial(initial_S, initial_z, normalize, B, H, r, Dv)
+
+    o = np.zeros((B, T, H, Dv))
+    for b in range(B):
+        for h in range(H):
+            S = S_all[b, h]
+            z = None if z_all is None else z_all[b, h]
+            for t in range(T):
+                qt, kt, vt = q[b, t, h], k[b, t, h], v[b, t, h]
+                if g is not None:
+                    a = np.exp(g[b, t, h])  # scalar, or [r] for a per-channel gate
+                    a_col = a[:, None] if np.ndim(a) else a  # diag(a) S scales the rows of S
+                    S = a_col * S
+                    if z is not None:
+                        z = a * z
+                if rule in DELTA_RULES:
+                    u = beta[b, t, h] * (vt - S.T @ kt)  # read the memory for k, then write the error
+                    S = S + np.outer(kt, u)
+                else:
+                    S = S + np.outer(kt, vt)
+                    if z is not None:
+                        z = z + kt
+                num = S.T @ qt
+                o[b, t, h] = num if z is None else _divide(num, float(qt @ z), eps, eps_mode)
+            S_all[b, h] = S
+            if z_all is not None:
+                z_all[b, h] = z
+    return o, S_all, z_all

@@ -1,0 +1,12 @@
+"""Test-wide settings: hypothesis without per-example deadlines (the machines are shared and timing varies).
+
+``HYPOTHESIS_PROFILE=thorough pytest`` runs ten times more random cases (see ``helpers.n_examples``).
+"""
+
+import os
+
+from hypothesis import settings
+
+settings.register_profile("quick", deadline=None, print_blob=True)
+settings.register_profile("thorough", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))

@@ -1,0 +1,333 @@
+"""Every rule in every form against the float64 NumPy reference, on random shapes, gates, chunk sizes and scales.
+
+Errors are measured as ``max |o - o_ref| / max(1, max |o_ref|)`` (absolute for outputs of order one, relative for
+large ones), the same for the final state. The reference always runs in float64 on the very inputs the torch call
+saw (after rounding them to the input dtype), so only the kernel's own arithmetic is measured.
+
+Documented tolerances (default ``state_dtype``, i.e. the state accumulates in float32 for float32/bfloat16 inputs)
+and the worst error measured over 300 random cases of this module's distribution:
+
+    ===============================  =========  ========  =================================================
+    inputs / state                   tolerance  measured  why
+    ===============================  =========  ========  =================================================
+    float64 / float64                1e-10      2.5e-12   summation order only
+    float32 / float32                2e-3       7.8e-4    see below; typical 1e-6
+    bfloat16 / float32               2e-2       3.5e-3    output rounded to bfloat16 (8-bit mantissa)
+    float32 / float64 (state_dtype)  1e-6       5.6e-8    only the final rounding of o to float32
+    ===============================  =========  ========  =================================================
+
+The float32 worst case is the gated parallel form (and, less, the chunk form): it exponentiates differences
+G_i - G_j of cumulative log-gates, and when |G| is large (strong decay earlier in the sequence, here |G| ~ 1000)
+each difference carries an absolute error of about |G| * 6e-8; the Taylor map at input scale 5 then amplifies it.
+The recurrent and scan forms multiply gates token by token and stay at ~1e-6.
+
+Delta rules are drawn with keys of norm 0.3 or 1 and beta in (0, 1.5), so beta |k|^2 < 2 (the write converges);
+gates are drawn near 0 (g down to -30, alpha ~ 1e-13), near 1 (g ~ -1e-4) and across the whole range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import hypothesis.strategies as st
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import n_examples, np64, reference_call, rel_err
+from hypothesis import given, settings
+
+import linattn
+from linattn import State
+
+RULES = ("accumulate", "gated", "delta", "gated_delta")
+NORMALIZED_RULES = ("accumulate", "gated")
+TOL = {torch.float64: 1e-10, torch.float32: 2e-3, torch.bfloat16: 2e-2}
+STATE64_TOL = 1e-6
+GATE_RANGES = {"near_zero": (5.0, 30.0), "near_one": (1e-4, 1e-3), "wide": (1e-4, 30.0)}  # -g drawn log-uniform
+
+
+def softplus_map(x: torch.Tensor) -> torch.Tensor:
+    """A user-supplied callable: positive features, for the normalized rules."""
+    return F.softplus(x)
+
+
+def l2_map(x: torch.Tensor) -> torch.Tensor:
+    """A user-supplied callable for the delta rules: unit-norm keys, as DeltaNet normalizes them."""
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+@dataclass
+class Case:
+    rule: str
+    B: int
+    H: int
+    T: int
+    Dk: int
+    Dv: int
+    chunk_size: int
+    feature_map: object
+    per_channel: bool
+    gate_range: str
+    key_norm: float
+    input_scale: float
+    with_initial: bool
+    eps: float
+    eps_mode: str
+    seed: int
+
+    def feature_width(self) -> int:
+        return 1 + self.Dk + self.Dk**2 if self.feature_map == "taylor2" else self.Dk
+
+
+@st.composite
+def cases(draw, rule: str) -> Case:
+    normalized = rule in NORMALIZED_RULES
+    maps = [None, "relu1", "elu1", "identity", "taylor2", softplus_map] if normalized else [None, "identity", l2_map]
+    feature_map = draw(st.sampled_from(maps))
+    return Case(
+        rule=rule,
+        B=draw(st.integers(1, 3)),
+        H=draw(st.integers(1, 3)),
+        T=draw(st.integers(1, 70)),
+        Dk=draw(st.integers(1, 4 if feature_map == "taylor2" else 9)),
+        Dv=draw(st.integers(1, 9)),
+        chunk_size=draw(st.sampled_from([1, 3, 8, 16, 64])),
+        feature_map=feature_map,
+        per_channel=rule == "gated" and draw(st.booleans()),
+        gate_range=draw(st.sampled_from(sorted(GATE_RANGES))),
+        key_norm=draw(st.sampled_from([0.3, 1.0])),
+        input_scale=draw(st.sampled_from([0.1, 1.0, 5.0])),
+        with_initial=draw(st.booleans()),
+        eps=draw(st.sampled_from([0.0, 1e-6])),
+        eps_mode=draw(st.sampled_from(["add", "clamp"])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def make_inputs(case: Case, dtype: torch.dtype = torch.float64) -> tuple[tuple, dict]:
+    """(q, k, v) and the keyword arguments of ``linattn.linear_attention`` for ``case``, in ``dtype``."""
+    gen = torch.Generator().manual_seed(case.seed)
+    shape = (case.B, case.T, case.H, case.Dk)
+    normalized = case.rule in NORMALIZED_RULES
+
+    def randn(*size):
+        return torch.randn(*size, generator=gen, dtype=torch.float64)
+
+    if normalized and case.feature_map in (None, "identity"):
+        # q, k are the features: keep them positive so the denominator q^T z is too.
+        q = torch.rand(*shape, generator=gen, dtype=torch.float64) * case.input_scale
+        k = torch.rand(*shape, generator=gen, dtype=torch.float64) * case.input_scale
+    else:
+        q, k = randn(*shape) * case.input_scale, randn(*shape) * case.input_scale
+    if not normalized and case.feature_map is not l2_map:
+        k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12) * case.key_norm
+    v = randn(case.B, case.T, case.H, case.Dv) * case.input_scale
+    kwargs = {"rule": case.rule, "feature_map": case.feature_map, "chunk_size": case.chunk_size}
+    if normalized:
+        kwargs.update(eps=case.eps, eps_mode=case.eps_mode)
+    r = case.feature_width()
+    if case.rule in ("gated", "gated_delta"):
+        lo, hi = GATE_RANGES[case.gate_range]
+        gshape = (case.B, case.T, case.H) + ((r,) if case.per_channel else ())
+        u = torch.rand(*gshape, generator=gen, dtype=torch.float64)
+        kwargs["g"] = -torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+    if case.rule in ("delta", "gated_delta"):
+        kwargs["beta"] = torch.rand(case.B, case.T, case.H, generator=gen, dtype=torch.float64) * 1.5
+    if case.with_initial:
+        S0 = randn(case.B, case.H, r, case.Dv)
+        z0 = torch.rand(case.B, case.H, r, generator=gen, dtype=torch.float64) + 0.5 if normalized else None
+        kwargs["initial_state"] = State(S0, z0)
+    cast = {name: x.to(dtype) for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
+    kwargs.update(cast)
+    return (q.to(dtype), k.to(dtype), v.to(dtype)), kwargs
+
+
+def check_all_forms(case: Case, dtype: torch.dtype, tol: float, **extra) -> None:
+    (q, k, v), kwargs = make_inputs(case, dtype)
+    kwargs.update(extra)
+    o_ref, S_ref, z_ref = reference_call(q, k, v, **kwargs)
+    for form in linattn.supported_forms(case.rule):
+        o, state = linattn.linear_attention(q, k, v, form=form, output_final_state=True, **kwargs)
+        assert o.dtype == v.dtype and o.shape == v.shape
+        errors = {"o": rel_err(o, o_ref), "S": rel_err(state.S, S_ref)}
+        if z_ref is None:
+            assert state.z is None
+        else:
+            errors["z"] = rel_err(state.z, z_ref)
+        worst = max(errors.values())
+        assert worst <= tol, f"{case.rule}/{form} {dtype}: errors {errors} > {tol} for {case}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Random cases.
+
+
+@pytest.mark.parametrize("rule", RULES)
+@settings(max_examples=n_examples(30))
+@given(data=st.data())
+def test_every_form_matches_reference_float64(rule, data):
+    check_all_forms(data.draw(cases(rule)), torch.float64, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("rule", RULES)
+@settings(max_examples=n_examples(8))
+@given(data=st.data())
+def test_every_form_low_precision_within_tolerance(rule, dtype, data):
+    case = data.draw(cases(rule))
+    if dtype == torch.bfloat16:
+        # bfloat16 keeps 8 bits: exclude exact division by tiny denominators, which no tolerance can bound.
+        case.eps, case.eps_mode = 1e-6, "add"
+    check_all_forms(case, dtype, TOL[dtype])
+
+
+@pytest.mark.parametrize("rule", RULES)
+@settings(max_examples=n_examples(6))
+@given(data=st.data())
+def test_state_dtype_float64_with_float32_inputs(rule, data):
+    case = data.draw(cases(rule))
+    check_all_forms(case, torch.float32, STATE64_TOL, state_dtype=torch.float64)
+    (q, k, v), kwargs = make_inputs(case, torch.float32)
+    o, state = linattn.linear_attention(q, k, v, output_final_state=True, state_dtype=torch.float64, **kwargs)
+    assert o.dtype == torch.float32 and state.S.dtype == torch.float64
+
+
+@pytest.mark.parametrize("rule", RULES)
+@settings(max_examples=n_examples(15))
+@given(data=st.data(), split=st.floats(0.0, 1.0), inplace=st.booleans())
+def test_prefill_chunk_then_step_equals_one_pass(rule, data, split, inplace):
+    case = data.draw(cases(rule))
+    (q, k, v), kwargs = make_inputs(case)
+    o_full, s_full = linattn.linear_attention(q, k, v, form="chunk", output_final_state=True, **kwargs)
+    o_ref, S_ref, _ = reference_call(q, k, v, **kwargs)
+    P = min(int(split * case.T), case.T - 1)  # prefill P tokens (maybe none), decode the rest one by one
+    per_token = {name: kwargs.pop(name) for name in ("g", "beta") if name in kwargs}
+    kwargs.pop("chunk_size")
+    state = kwargs.pop("initial_state", None)
+    outs = []
+    if P:
+        o_pre, state = linattn.linear_attention(q[:, :P], k[:, :P], v[:, :P], form="chunk", initial_state=state,
+                                                output_final_state=True, chunk_size=case.chunk_size,
+                                                **{n: x[:, :P] for n, x in per_token.items()}, **kwargs)
+        outs.append(o_pre)
+    for t in range(P, case.T):
+        o_t, state = linattn.step(q[:, t], k[:, t], v[:, t], state, inplace=inplace and state is not None,
+                                  **{n: x[:, t] for n, x in per_token.items()}, **kwargs)
+        outs.append(o_t[:, None])
+    o = torch.cat(outs, dim=1)
+    tol = TOL[torch.float64]
+    assert rel_err(o, np64(o_full)) <= tol and rel_err(state.S, np64(s_full.S)) <= tol
+    assert rel_err(o, o_ref) <= tol and rel_err(state.S, S_ref) <= tol
+    if s_full.z is not None:
+        assert rel_err(state.z, np64(s_full.z)) <= tol
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fixed cases, so every option is covered on every run whatever hypothesis draws.
+
+
+def fixed_case(rule: str, feature_map, **changes) -> Case:
+    base = dict(rule=rule, B=2, H=2, T=37, Dk=3, Dv=5, chunk_size=8, feature_map=feature_map, per_channel=False,
+                gate_range="wide", key_norm=1.0, input_scale=1.0, with_initial=True, eps=1e-6, eps_mode="add",
+                seed=7)
+    base.update(changes)
+    return Case(**base)
+
+
+@pytest.mark.parametrize("feature_map", ["relu1", "elu1", "identity", "taylor2", softplus_map, None],
+                         ids=["relu1", "elu1", "identity", "taylor2", "callable", "none"])
+@pytest.mark.parametrize("rule", NORMALIZED_RULES)
+def test_feature_maps_every_form(rule, feature_map):
+    check_all_forms(fixed_case(rule, feature_map), torch.float64, TOL[torch.float64])
+    if rule == "gated":
+        check_all_forms(fixed_case(rule, feature_map, per_channel=True), torch.float64, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("feature_map", ["identity", l2_map, "taylor2"], ids=["identity", "callable", "taylor2"])
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+def test_delta_feature_maps_every_form(rule, feature_map):
+    # taylor2 keys are not unit-norm: a small input scale keeps beta |phi(k)|^2 moderate over 37 tokens.
+    scale = 0.3 if feature_map == "taylor2" else 1.0
+    check_all_forms(fixed_case(rule, feature_map, input_scale=scale), torch.float64, TOL[torch.float64])
+
+
+@pytest.mark.parametrize("rule", NORMALIZED_RULES)
+def test_eps_add_and_clamp_are_different_functions_in_every_form(rule):
+    """A tiny query scale makes q^T z << eps: 'add' and 'clamp' then give different outputs, each as defined."""
+    (q, k, v), kwargs = make_inputs(fixed_case(rule, "relu1"))
+    kwargs.update(eps=1e-6, scale=1e-9)
+    kwargs.pop("eps_mode")
+    results = {}
+    for mode in ("add", "clamp"):
+        o_ref, _, _ = reference_call(q, k, v, eps_mode=mode, **kwargs)
+        for form in linattn.supported_forms(rule):
+            o, _ = linattn.linear_attention(q, k, v, form=form, eps_mode=mode, **kwargs)
+            assert rel_err(o, o_ref) <= TOL[torch.float64], (mode, form)
+        results[mode] = o_ref
+    assert rel_err(results["add"], results["clamp"]) > 1e-3
+
+
+@pytest.mark.parametrize("rule", NORMALIZED_RULES)
+def test_normalize_false_every_form(rule):
+    case = fixed_case(rule, "elu1", with_initial=False)
+    check_all_forms(case, torch.float64, TOL[torch.float64], normalize=False)
+    (q, k, v), kwargs = make_inputs(case)
+    o, state = linattn.linear_attention(q, k, v, normalize=False, output_final_state=True, **kwargs)
+    assert state.z is None
+    # Unnormalized outputs grow with the history; normalized ones stay at the scale of v.
+    o_norm, _ = linattn.linear_attention(q, k, v, **kwargs)
+    assert o.abs().max() > 3 * o_norm.abs().max()
+    initial = State(torch.randn(2, 2, 3, 5, dtype=torch.float64))
+    check_all_forms(case, torch.float64, TOL[torch.float64], normalize=False, initial_state=initial)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rule", RULES)
+def test_output_dtype_is_value_dtype(rule, dtype):
+    (q, k, v), kwargs = make_inputs(fixed_case(rule, "identity" if rule in ("delta", "gated_delta") else "elu1"),
+                                    dtype)
+    for form in linattn.supported_forms(rule):
+        o, state = linattn.linear_attention(q, k, v, form=form, output_final_state=True, **kwargs)
+        assert o.dtype == dtype and torch.isfinite(o).all()
+        assert state.S.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    o, state = linattn.step(q[:, 0], k[:, 0], v[:, 0], rule=rule, feature_map=kwargs["feature_map"],
+                            **{n: kwargs[n][:, 0] for n in ("g", "beta") if n in kwargs})
+    assert o.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype,x", [(torch.float64, -40.0), (torch.float32, -20.0), (torch.bfloat16, -12.0)],
+                         ids=["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("feature_map", ["relu1", "elu1", "taylor2"])
+def test_one_token_reads_back_its_value(feature_map, dtype, x):
+    """Normalized attention over a single token returns that token's value for any key (eps = 0).
+
+    A strictly positive map must stay positive in every dtype: computing elu(x) + 1 as (exp(x) - 1) + 1 cancels
+    to 0 for very negative x, and 0 / 0 then replaces the value.
+    """
+    k = torch.full((1, 1, 2, 3), x, dtype=dtype)
+    v = torch.tensor([1.5, -2.0, 0.25, 3.0], dtype=dtype).reshape(1, 1, 2, 2)
+    o, _ = linattn.linear_attention(torch.zeros_like(k), k, v, feature_map=feature_map, eps=0.0)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
+    assert rel_err(o, np64(v)) <= tol, f"{feature_map}: one token read back {o.flatten().tolist()}"
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_nan_reaches_later_tokens_and_spares_earlier_chunks(rule):
+    """A NaN value at token t makes every output from t on NaN; outputs before t stay finite in the token-causal
+    forms (recurrent, scan), and before t's chunk in the chunk form (inside a chunk the masked product 0 * NaN is
+    NaN). The parallel form is one chunk of length T."""
+    T, C, bad = 12, 4, 6
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.rand(1, T, 2, 3, generator=gen) for _ in range(3))
+    v[0, bad] = float("nan")
+    kwargs = {"g": torch.full((1, T, 2), -0.1)} if rule in ("gated", "gated_delta") else {}
+    if rule in ("delta", "gated_delta"):
+        kwargs["beta"] = torch.full((1, T, 2), 0.5)
+    for form in linattn.supported_forms(rule):
+        o, state = linattn.linear_attention(q, k, v, rule=rule, form=form, chunk_size=C, output_final_state=True,
+                                            **kwargs)
+        nan = torch.isnan(o).any(dim=(0, 2, 3))
+        assert nan[bad:].all() and torch.isnan(state.S).any(), form
+        clean_before = {"chunk": bad // C * C, "parallel": 0}.get(form, bad)
+        assert not nan[:clean_before].any(), f"{rule}/{form}: NaN at token {bad} reached earlier outputs"
