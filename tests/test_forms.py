@@ -331,3 +331,23 @@ def test_nan_reaches_later_tokens_and_spares_earlier_chunks(rule):
         assert nan[bad:].all() and torch.isnan(state.S).any(), form
         clean_before = {"chunk": bad // C * C, "parallel": 0}.get(form, bad)
         assert not nan[:clean_before].any(), f"{rule}/{form}: NaN at token {bad} reached earlier outputs"
+
+
+@pytest.mark.parametrize(
+    ("rule", "form"),
+    [(rule, form) for rule in linattn.RULES for form in linattn.supported_forms(rule)],
+)
+def test_final_state_owns_only_its_own_memory(rule, form):
+    """The returned state must not be a view into per-chunk or per-token buffers that it would keep alive."""
+    B, T, H, D = 1, 37, 2, 4
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.rand(B, T, H, D, generator=gen) for _ in range(3))
+    extra = {}
+    if rule in ("gated", "gated_delta"):
+        extra["g"] = -torch.rand(B, T, H, generator=gen)
+    if rule in ("delta", "gated_delta"):
+        extra["beta"] = torch.rand(B, T, H, generator=gen)
+    _, state = linattn.linear_attention(q, k, v, rule=rule, form=form, output_final_state=True, chunk_size=8, **extra)
+    for t in (state.S, state.z):
+        if t is not None:
+            assert t.untyped_storage().nbytes() <= state.nbytes

@@ -120,7 +120,7 @@ def scan(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
         shift *= 2
     S_all = Bm + initial_state[:, :, None] if log_a is None else Bm + log_a.exp() * initial_state[:, :, None]
     o = torch.einsum("bhtk,bhtkv->bhtv", q, S_all)
-    return o, S_all[:, :, -1]
+    return o, S_all[:, :, -1].clone()  # a copy, so the state does not keep all T prefix states alive
 
 
 # ---------------------------------------------------------------------------------------------- chunk

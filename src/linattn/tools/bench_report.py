@@ -1,0 +1,377 @@
+"""The written part of ``linattn bench``: the result document, the decision, the side-by-side table, the plot.
+
+Everything here reads rows of numbers and writes nothing but the plot; :func:`decide` and :func:`compare` are
+pure functions of their arguments, so the decision logic is tested without measuring anything.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linattn.tools import results
+from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, FEATURES, Plan, normalizes
+from linattn.tools.bench_workload import PEAK_MEMORY_METHOD, TIMING_METHOD, TRANSIENT_UNAVAILABLE
+
+SCHEMA = "bench_result"
+SCHEMA_VERSION = 1
+
+
+def _index(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Rows by (path, sequence_length)."""
+    return {(r["path"], r["sequence_length"]): r for r in rows}
+
+
+# ---------------------------------------------------------------------------------------------------- judging
+def time_crossover(lengths: Sequence[int], baseline_ms: Sequence[float], candidate_ms: Sequence[float]):
+    """Length where the candidate's step becomes as fast as the baseline's: log-log interpolation between the
+    two measured lengths where the ratio crosses 1. Returns (length or None, note)."""
+    pts = sorted(zip(lengths, baseline_ms, candidate_ms, strict=True))
+    logr = [math.log(b / c) for _, b, c in pts]  # > 0: candidate faster
+    for ((l0, *_), (l1, *_)), (r0, r1) in zip(pairwise(pts), pairwise(logr), strict=True):
+        if r0 < 0 <= r1 or r0 > 0 >= r1:
+            x = math.log(l0) + (math.log(l1) - math.log(l0)) * (-r0) / (r1 - r0)
+            faster = "faster" if r1 > r0 else "slower"
+            return math.exp(x), f"candidate becomes {faster} than the baseline between L={l0} and L={l1}"
+    if all(r > 0 for r in logr):
+        return None, f"candidate faster at every measured L (crossover below L={pts[0][0]})"
+    if all(r < 0 for r in logr):
+        return None, f"candidate slower at every measured L (no crossover up to L={pts[-1][0]})"
+    return None, "no single crossover in the measured range"
+
+
+def compare(
+    rows: Sequence[dict[str, Any]], candidate_paths: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per candidate and L: history/state bytes and baseline/candidate median time and peak; plus crossovers."""
+    by = _index(rows)
+    lengths = sorted({L for (p, L) in by if p == BASELINE})
+    comparisons, crossovers = [], []
+    for path in candidate_paths:
+        common = [L for L in lengths if (path, L) in by]
+        for L in common:
+            b, c = by[(BASELINE, L)], by[(path, L)]
+            comparisons.append(
+                {
+                    "path": path,
+                    "sequence_length": L,
+                    "history_to_state_bytes": b["state_bytes"] / c["state_bytes"],
+                    "median_time_ratio": b["median_step_ms"] / c["median_step_ms"] if c["median_step_ms"] else None,
+                    "peak_memory_ratio": b["peak_memory_mb"] / c["peak_memory_mb"] if c["peak_memory_mb"] else None,
+                }
+            )
+        if not common:
+            continue
+        per_token = by[(BASELINE, common[-1])]["state_bytes"] / common[-1]
+        base_ms = [by[(BASELINE, L)]["median_step_ms"] for L in common]
+        cand_ms = [by[(path, L)]["median_step_ms"] for L in common]
+        if all(m > 0 for m in base_ms + cand_ms):
+            t_cross, note = time_crossover(common, base_ms, cand_ms)
+        else:
+            t_cross, note = None, "a median step time of 0 ms: timer too coarse for a crossover"
+        crossovers.append(
+            {
+                "path": path,
+                "bytes_crossover_length": by[(path, common[-1])]["state_bytes"] / per_token,
+                "time_crossover_length": t_cross,
+                "time_crossover_note": note,
+            }
+        )
+    return comparisons, crossovers
+
+
+def decide(
+    rows: Sequence[dict[str, Any]],
+    *,
+    candidate_paths: Sequence[str],
+    lengths: Sequence[int] | None = None,
+    reference_checks: Sequence[dict[str, Any]] = (),
+    failure: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Accept the fixed-state mechanism when the KV history's bytes grow with L, every candidate's state bytes
+    stay constant, every output is finite and the state output matches float64; otherwise reject or say why the
+    run cannot tell. Pure: reads only its arguments."""
+    checks: dict[str, bool | None] = {
+        "history_bytes_grow": None,
+        "state_bytes_constant": None,
+        "outputs_finite": None,
+        "reference_match": None,
+    }
+
+    def out(outcome: str, reason: str) -> dict[str, Any]:
+        return {"outcome": outcome, "reason": reason, "checks": checks}
+
+    if failure is not None:
+        return out("inconclusive_run_failed", f"the run failed ({failure['stage']}): {failure['message']}")
+    by = _index(rows)
+    lengths = sorted(set(lengths) if lengths is not None else {L for _, L in by})
+    missing = [f"{p}@L={L}" for p in [BASELINE, *candidate_paths] for L in lengths if (p, L) not in by]
+    if missing or not lengths:
+        return out("inconclusive_missing_rows", "no rows measured for " + (", ".join(missing) or "any length"))
+    hist = [by[(BASELINE, L)]["state_bytes"] for L in lengths]
+    checks["outputs_finite"] = all(r["outputs_finite"] for r in rows)
+    checks["reference_match"] = all(c["passed"] for c in reference_checks) if reference_checks else None
+    checks["history_bytes_grow"] = len(lengths) >= 2 and all(a < b for a, b in pairwise(hist))
+    growing = [p for p in candidate_paths if len({by[(p, L)]["state_bytes"] for L in lengths}) > 1]
+    checks["state_bytes_constant"] = len(lengths) >= 2 and not growing
+    if len(lengths) < 2:
+        return out("inconclusive_too_few_lengths", f"one length (L={lengths[0]}) cannot show growth with L")
+    if not checks["outputs_finite"]:
+        bad = sorted({f"{r['path']}@L={r['sequence_length']}" for r in rows if not r["outputs_finite"]})
+        return out("reject_non_finite_outputs", "non-finite outputs in " + ", ".join(bad))
+    if checks["reference_match"] is False:
+        bad = [
+            f"{c['path']}@L={c['sequence_length']} (max error {c['max_abs_error']}, tolerance {c['tolerance']})"
+            for c in reference_checks
+            if not c["passed"]
+        ]
+        return out("reject_reference_mismatch", "state output differs from the float64 reference: " + "; ".join(bad))
+    if growing:
+        return out("reject_state_bytes_grow", "recurrent state bytes change with L for " + ", ".join(growing))
+    if not checks["history_bytes_grow"]:
+        return out("inconclusive_history_not_growing", f"KV history bytes {hist} do not grow with L={lengths}")
+    states = ", ".join(f"{p} {by[(p, lengths[0])]['state_bytes']:,}" for p in candidate_paths)
+    ref = "" if checks["reference_match"] is None else "; state output matches the float64 reference"
+    return out(
+        "accept_fixed_state_growth_mechanism",
+        f"KV history grows from {hist[0]:,} to {hist[-1]:,} bytes over L={lengths[0]}..{lengths[-1]} while the "
+        f"recurrent state stays at {states} bytes; every output finite{ref}",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- documents
+def describe_paths(plan: Plan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    baseline = {
+        "path": BASELINE,
+        "description": "static KV cache of L slots; each step writes the new token's K and V into slot L-1 in "
+        "place and attends with the one query over all L slots",
+        "attention": "torch.nn.functional.scaled_dot_product_attention (no mask: one query sees every slot)",
+        "cache_layout": f"K and V, each [B, H, L, D] in {plan.dtype}, allocated once per L",
+    }
+    candidates = []
+    for rule in plan.rules:
+        norm = normalizes(rule)
+        candidates.append(
+            {
+                "path": CANDIDATE_PATHS[rule],
+                "rule": rule,
+                "feature_map": FEATURES[rule][0],
+                "normalize": norm,
+                "description": "state after L-1 history tokens (prefilled by linattn.linear_attention, chunk form); "
+                "each step is linattn.step(q, k, v, state, inplace=True)",
+                "state_layout": f"S [B, H, D, D]{' and z [B, H, D]' if norm else ''} in {plan.state_dtype}",
+            }
+        )
+    return baseline, candidates
+
+
+def build_document(
+    plan: Plan,
+    *,
+    identity: dict[str, Any],
+    hardware: dict[str, Any],
+    rows: list[dict[str, Any]],
+    reference_checks: list[dict[str, Any]],
+    failure: dict[str, str] | None,
+    transient_measured: bool = True,
+) -> dict[str, Any]:
+    baseline, candidates = describe_paths(plan)
+    comparisons, crossovers = compare(rows, plan.candidate_paths)
+    memory_method = PEAK_MEMORY_METHOD[plan.device]
+    if plan.device == "cpu" and not transient_measured:
+        memory_method += TRANSIENT_UNAVAILABLE
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "identity": identity,
+        "workload": plan.workload(),
+        "hardware": hardware,
+        "baseline": baseline,
+        "candidates": candidates,
+        "metrics": {
+            "rows": rows,
+            "timing_method": TIMING_METHOD[plan.device],
+            "peak_memory_method": memory_method,
+            "reference_checks": reference_checks,
+            "comparisons": comparisons,
+            "crossovers": crossovers,
+        },
+        "evidence_level": "incomplete" if failure else "measured",
+        "failure": failure,
+        "decision": decide(
+            rows,
+            candidate_paths=plan.candidate_paths,
+            lengths=plan.sequence_lengths,
+            reference_checks=reference_checks,
+            failure=failure,
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- table
+_COLUMNS = ["state bytes", "median ms", "p90 ms", "peak MiB"]
+_WIDTHS = [13, 10, 9, 9]
+
+
+def _fmt_ms(x: float) -> str:
+    return f"{x:.4f}" if x < 1 else f"{x:.3f}"
+
+
+def _fmt_len(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _cells(values: Sequence[str]) -> str:
+    return "  ".join(f"{c:>{wd}}" for c, wd in zip(values, _WIDTHS, strict=True))
+
+
+def _row_cells(r: dict[str, Any] | None) -> list[str]:
+    if r is None:
+        return ["-"] * len(_COLUMNS)
+    flag = "" if r["outputs_finite"] else "!"
+    return [
+        f"{r['state_bytes']:,}",
+        _fmt_ms(r["median_step_ms"]) + flag,
+        _fmt_ms(r["p90_step_ms"]),
+        f"{r['peak_memory_mb']:.3f}",
+    ]
+
+
+def _summary(i: int, d: dict[str, Any]) -> list[str]:
+    """Ratios, crossovers, reference checks, failure and decision of the ``i``-th file."""
+    m, lines = d["metrics"], []
+    for cross in m["crossovers"]:
+        ratios = "  ".join(
+            f"L={c['sequence_length']:,}: {c['median_time_ratio']:.2f}x"
+            for c in m["comparisons"]
+            if c["path"] == cross["path"] and c["median_time_ratio"] is not None
+        )
+        lines.append(f"[{i}] {cross['path']}: KV/state median step time  {ratios}")
+        lines.append(
+            f"    bytes crossover L = {_fmt_len(cross['bytes_crossover_length'])}; time crossover L ~ "
+            f"{_fmt_len(cross['time_crossover_length'])} ({cross['time_crossover_note']})"
+        )
+    for c in m["reference_checks"]:
+        err = "non-finite" if c["max_abs_error"] is None else f"{c['max_abs_error']:.2e}"
+        verdict = "ok" if c["passed"] else "FAILED"
+        lines.append(
+            f"[{i}] reference check {c['path']} @ L={c['sequence_length']:,}: max abs error {err} "
+            f"(tolerance {c['tolerance']:g}) {verdict}"
+        )
+    if d["failure"]:
+        lines.append(f"[{i}] failure ({d['failure']['stage']}): {d['failure']['message']}")
+    lines.append(f"[{i}] decision: {d['decision']['outcome']} - {d['decision']['reason']}")
+    return lines
+
+
+def format_table(docs: Sequence[dict[str, Any]]) -> str:
+    """One block of columns per result file (bytes kept, median and p90 step time, peak memory) side by side."""
+    lines = []
+    for i, d in enumerate(docs, 1):
+        w, hw, ident = d["workload"], d["hardware"], d["identity"]
+        lines.append(
+            f"[{i}] {ident['workload_id']}_{ident['run_label']}: {hw['device']} {hw['device_name']} "
+            f"({hw['threads']} threads), {w['dtype']} tokens, {w['state_dtype']} state, B={w['batch']} "
+            f"H={w['query_heads']} D={w['head_dim']}, {w['repeats']} repeats after {w['warmup']} warmup"
+        )
+    keys: dict[tuple[int, str], None] = {}  # (L, path) in order of first appearance, baseline first per L
+    for d in docs:
+        for r in sorted(d["metrics"]["rows"], key=lambda r: (r["sequence_length"], r["path"] != BASELINE)):
+            keys[(r["sequence_length"], r["path"])] = None
+    lookup = [_index(d["metrics"]["rows"]) for d in docs]
+    path_w = max([len("path")] + [len(p) for _, p in keys])
+    head = f"{'L':>7}  {'path':<{path_w}}"
+    sub = " " * len(head)
+    for i in range(1, len(docs) + 1):
+        group = _cells(_COLUMNS)
+        head += f" | {group}"
+        sub += f" | {f'[{i}]':<{len(group)}}"
+    lines += ["", sub.rstrip(), head, "-" * len(head)]
+    for L, p in keys:
+        lines.append(f"{L:>7,}  {p:<{path_w}}" + "".join(f" | {_cells(_row_cells(lk.get((p, L))))}" for lk in lookup))
+    lines.append("")
+    for i, d in enumerate(docs, 1):
+        lines += _summary(i, d)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- plot
+def _mark(ax, x: float, text: str, *, ls: str, fontsize: int) -> None:
+    """A vertical line at ``x`` with its label written along it, top down."""
+    ax.axvline(x, ls=ls, color="gray")
+    ax.annotate(
+        text, (x, 0.97), xycoords=("data", "axes fraction"), fontsize=fontsize, va="top", ha="right", rotation=90
+    )
+
+
+def _plot_doc(ax_b, ax_t, d: dict[str, Any], i: int, tag: str) -> None:
+    """One result file's lines on the bytes (``ax_b``) and time (``ax_t``) axes."""
+    markers = "os^Dv<>"
+    rows = d["metrics"]["rows"]
+    paths = [BASELINE] + [c["path"] for c in d["candidates"]]
+    for j, path in enumerate(paths):
+        pr = sorted((r for r in rows if r["path"] == path), key=lambda r: r["sequence_length"])
+        if not pr:
+            continue
+        Ls = [r["sequence_length"] for r in pr]
+        style = {"marker": markers[j % len(markers)], "color": f"C{(i * len(paths) + j) % 10}"}
+        ax_b.plot(Ls, [r["state_bytes"] for r in pr], label=f"{tag}{path}", **style)
+        med = np.array([r["median_step_ms"] for r in pr])
+        p90 = np.array([r["p90_step_ms"] for r in pr])
+        ax_t.errorbar(Ls, med, yerr=[np.zeros_like(med), p90 - med], capsize=3, label=f"{tag}{path}", **style)
+    crosses = d["metrics"]["crossovers"]
+    for Lb in sorted({round(c["bytes_crossover_length"]) for c in crosses}):
+        _mark(ax_b, Lb, f"{tag}bytes equal at L={Lb:,.0f}", ls=":", fontsize=8)
+    notes = []
+    for cross in crosses:
+        Lt = cross["time_crossover_length"]
+        if Lt is not None:
+            _mark(ax_t, Lt, f"{tag}{cross['path']}: equal step time at L~{Lt:,.0f}", ls="--", fontsize=7)
+        else:
+            notes.append(f"{tag}{cross['path']}: {cross['time_crossover_note']}")
+    for k, note in enumerate(notes):
+        ax_t.text(0.02, 0.02 + 0.05 * (k + i * len(crosses)), note, transform=ax_t.transAxes, fontsize=7)
+    base = sorted((r for r in rows if r["path"] == BASELINE), key=lambda r: r["sequence_length"])
+    if base and crosses:
+        # The KV bytes are exactly linear in L and the state's constant: extend both down to the crossover.
+        per_token = base[-1]["state_bytes"] / base[-1]["sequence_length"]
+        lo = min(min(c["bytes_crossover_length"] for c in crosses), base[0]["sequence_length"])
+        xs = np.geomspace(max(lo / 2, 1), base[-1]["sequence_length"], 50)
+        ax_b.plot(xs, per_token * xs, ls="--", color="gray", lw=0.8, label=f"{tag}KV bytes = {per_token:,.0f} * L")
+        for state in sorted({r["state_bytes"] for r in rows if r["path"] != BASELINE}):
+            ax_b.plot(xs, np.full_like(xs, state), ls="--", color="gray", lw=0.5)
+
+
+def plot_results(docs: Sequence[dict[str, Any]], out: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """State bytes and median step time against L, log-log, both paths, crossovers marked; written atomically."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    ax_b, ax_t = fig.subplots(1, 2)
+    for i, d in enumerate(docs):
+        _plot_doc(ax_b, ax_t, d, i, f"[{i + 1}] " if len(docs) > 1 else "")
+    all_lengths = sorted({r["sequence_length"] for d in docs for r in d["metrics"]["rows"]})
+    for ax, ylabel in ((ax_b, "bytes kept between steps"), (ax_t, "step time, median (bar to p90), ms")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("history length L (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.legend(fontsize=8)
+        ax.set_xticks(all_lengths)
+    d0 = docs[0]
+    w = d0["workload"]
+    fig.suptitle(
+        f"decode step: explicit KV history vs fixed recurrent state ({d0['hardware']['device']}, {w['dtype']}, "
+        f"state {w['state_dtype']}, B={w['batch']} H={w['query_heads']} D={w['head_dim']})",
+        fontsize=10,
+    )
+    return results.atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120), overwrite=overwrite)

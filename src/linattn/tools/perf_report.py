@@ -1,0 +1,216 @@
+"""Reading a ``linattn perf`` run: side-by-side speedups, the targets of issue 5, and the Markdown tables."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from linattn.tools import perf_peers as pp
+
+if TYPE_CHECKING:
+    from linattn.tools.perf import PerfConfig
+
+GROUPS = ("fwd", "fwdbwd", "recurrent", "decode")
+
+
+# --- comparisons and targets ---------------------------------------------------------------------------------------
+
+
+def attach_ratios(results: list[dict]) -> None:
+    """Side-by-side speedups: for every ok peer (or softmax) case, linattn's same variant at the same shape.
+
+    ``linattn_speedup`` = other time / linattn time (> 1: linattn is faster); linattn rows collect them in
+    ``speedup_vs``. Softmax is compared with every linattn variant at its shape.
+    """
+    ours = {(r["group"], r["variant"], r["shape"]["B"], r["shape"]["T"]): r
+            for r in results if r["impl"] == "linattn" and r["status"] == "ok"}
+    for r in results:
+        if r["impl"] == "linattn":
+            r.setdefault("speedup_vs", {})
+    for r in results:
+        if r["impl"] == "linattn" or r["status"] != "ok":
+            continue
+        B, T = r["shape"]["B"], r["shape"]["T"]
+        variants = pp.VARIANTS if r["variant"] == "softmax" else (r["variant"],)
+        for variant in variants:
+            mine = ours.get((r["group"], variant, B, T))
+            if mine is not None:
+                mine["speedup_vs"][r["impl"]] = r["median_ms"] / mine["median_ms"]
+        main = ours.get((r["group"], "accumulate" if r["variant"] == "softmax" else r["variant"], B, T))
+        r["linattn_speedup"] = None if main is None else r["median_ms"] / main["median_ms"]
+
+
+def _find(results, group, variant, impl, B, T=None):
+    for r in results:
+        if (r["group"], r["variant"], r["impl"], r["shape"]["B"], r["shape"]["T"]) == (group, variant, impl, B, T):
+            return r
+    return None
+
+
+def _target(tid: str, description: str, threshold: float, value: float | None, unit: str, detail: str,
+            *, at_most: bool = False) -> dict[str, Any]:
+    if value is None:
+        status = "not measured"
+    else:
+        status = "met" if (value <= threshold if at_most else value >= threshold) else "missed"
+    return {"id": tid, "description": description, "comparison": "<=" if at_most else ">=", "threshold": threshold,
+            "value": value, "unit": unit, "status": status, "detail": detail}
+
+
+def _why_missing(r: dict | None) -> str:
+    return "case not run (not selected)" if r is None else f"{r['status']}: {r['reason']}"
+
+
+def evaluate_targets(results: list[dict], rates: dict, cfg: PerfConfig, checks: list[dict]) -> list[dict]:
+    """The issue's targets, judged on this run's numbers at ``cfg.target`` (and ``cfg.long`` for growth)."""
+    B, T = cfg.target
+    Bl, Tl = cfg.long
+    bad_peers = {c["peer"] for c in checks if c["status"] == "MISMATCH"}
+    out = []
+    speed_targets = [("fwd", 5.0, "accumulate", "fla.naive_chunk_linear_attn"),
+                     ("fwd", 5.0, "delta", "fla.delta_rule_chunkwise"),
+                     ("fwd", 5.0, "gated_delta", "fla.naive_chunk_gated_delta_rule"),
+                     ("fwd", 5.0, "gated_delta", "hf.torch_chunk_gated_delta_rule"),
+                     ("fwdbwd", 3.0, "accumulate", "fla.naive_chunk_linear_attn"),
+                     ("fwdbwd", 3.0, "delta", "fla.delta_rule_chunkwise"),
+                     ("fwdbwd", 3.0, "gated_delta", "fla.naive_chunk_gated_delta_rule"),
+                     ("fwdbwd", 3.0, "gated_delta", "hf.torch_chunk_gated_delta_rule")]
+    for group, thr, variant, peer in speed_targets:
+        mine, theirs = _find(results, group, variant, "linattn", B, T), _find(results, group, variant, peer, B, T)
+        what = "forward" if group == "fwd" else "forward+backward"
+        value = detail = None
+        if mine is None or mine["status"] != "ok":
+            detail = "linattn " + _why_missing(mine)
+        elif theirs is None or theirs["status"] != "ok":
+            detail = "peer " + _why_missing(theirs)
+        elif peer in bad_peers:
+            detail = "peer computes a different function (cross-check MISMATCH); ratio not comparable"
+        else:
+            value = theirs["median_ms"] / mine["median_ms"]
+            detail = f"linattn {mine['median_ms']:.3g} ms vs {theirs['median_ms']:.3g} ms"
+        out.append(_target(f"{group}_{variant}_vs_{peer}", f"{variant} chunk {what} >= {thr:g}x faster than {peer}",
+                           thr, value, "x", detail))
+    acc = _find(results, "fwd", "accumulate", "linattn", B, T)
+    ok = acc is not None and acc["status"] == "ok"
+    out.append(_target("fwd_accumulate_matmul_fraction", "accumulate chunk forward >= 30% of the measured matmul rate",
+                       0.30, acc["frac_matmul"] if ok else None, "fraction",
+                       (f"{acc['gflops']:.1f} of {rates['matmul']['gflops']:.1f} GFLOP/s" if ok
+                        else "linattn " + _why_missing(acc))))
+    bound = 1.125 * Tl / T  # 4.5x for 4x the tokens
+    for group in ("fwd", "fwdbwd"):
+        for metric, field in (("time", "median_ms"), ("peak memory", "peak_mem_bytes")):
+            ratios, missing = {}, []
+            for variant in pp.VARIANTS:
+                a = _find(results, group, variant, "linattn", B, T)
+                b = _find(results, group, variant, "linattn", Bl, Tl)
+                if a and b and a["status"] == b["status"] == "ok" and a[field] and b[field]:
+                    ratios[variant] = b[field] / a[field]
+                else:
+                    missing.append(variant)
+            worst = max(ratios, key=ratios.get) if ratios else None
+            detail = ", ".join(f"{v} {x:.2f}x" for v, x in ratios.items())
+            if missing:
+                detail += ("; " if detail else "") + "not measured: " + ", ".join(missing)
+            what = "forward" if group == "fwd" else "forward+backward"
+            out.append(_target(f"{group}_linear_{metric.replace(' ', '_')}",
+                               f"chunk {what} {metric}: T={Tl} costs <= {bound:g}x T={T} (all variants; worst shown)",
+                               bound, None if missing or worst is None else ratios[worst], "x", detail, at_most=True))
+    Bd = max(cfg.decode_batches)
+    fracs, missing = {}, []
+    for variant in pp.VARIANTS:
+        r = _find(results, "decode", variant, "linattn", Bd)
+        if r and r["status"] == "ok":
+            fracs[variant] = r["frac_copy"]
+        else:
+            missing.append(variant)
+    worst = min(fracs, key=fracs.get) if fracs else None
+    detail = ", ".join(f"{v} {x:.0%}" for v, x in fracs.items())
+    if missing:
+        detail += ("; " if detail else "") + "not measured: " + ", ".join(missing)
+    out.append(_target(f"decode_b{Bd}_copy_fraction",
+                       f"decode step at batch {Bd} >= 30% of copy bandwidth for the bytes it must move (worst shown)",
+                       0.30, None if missing or worst is None else fracs[worst], "fraction", detail))
+    return out
+
+
+# --- Markdown ------------------------------------------------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str = ".3g") -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def _mib(x: int | None) -> str:
+    return "" if x is None else f"{x / 2**20:.1f}"
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The result document as Markdown: machine line, targets, cross-check, one table per group."""
+    env, m = doc["environment"], doc["machine"]
+    cfg = doc["config"]
+    lines = [
+        "# linattn CPU kernel benchmark" + (" (quick smoke configuration)" if cfg["quick"] else ""),
+        "",
+        f"{env['cpu']}, {env['torch_threads']} torch threads, torch {env['versions']['torch']}, "
+        f"created {doc['created']}, {doc['elapsed_s']:.0f} s, load average before {env['loadavg_before'][0]:.2f}. "
+        f"H={cfg['H']}, D={cfg['D']}, float32.",
+        "",
+    ]
+    others = env["others_cpu_cores"]
+    if others is not None and others > 0.2 * (env["cores"] or 1):
+        lines += [f"**Warning:** other processes kept {others:.2f} of {env['cores']} cores busy on average during "
+                  "this run; they competed for the CPU and these timings are not representative.", ""]
+    lines += [
+        f"Machine, same run: float32 matmul {m['matmul']['n']}^2 {m['matmul']['gflops']:.1f} GFLOP/s; "
+        f"copy {m['copy']['bytes_per_side'] / 2**20:.0f} MiB {m['copy']['gbps']:.1f} GB/s "
+        f"(at decode-state size {m['copy_state_size']['bytes_per_side'] / 2**20:.1f} MiB: "
+        f"{m['copy_state_size']['gbps']:.1f} GB/s).",
+        "",
+        "## Targets",
+        "",
+        "| target | threshold | measured | status | detail |",
+        "|---|---|---|---|---|",
+    ]
+    for t in doc["targets"]:
+        val = t["value"]
+        shown = "" if val is None else (f"{val:.0%}" if t["unit"] == "fraction" else f"{val:.2f}x")
+        thr = f"{t['threshold']:.0%}" if t["unit"] == "fraction" else f"{t['threshold']:g}x"
+        lines.append(f"| {t['description']} | {t['comparison']} {thr} | {shown} | **{t['status']}** | {t['detail']} |")
+    if doc["crosscheck"]:
+        lines += ["", "## Cross-check: each peer vs linattn on the same inputs", "",
+                  "| peer | variant | form | max abs diff | rel diff | status |", "|---|---|---|---|---|---|"]
+        for c in doc["crosscheck"]:
+            lines.append(f"| {c['peer']} | {c['variant']} | {c['form']} | {_f(c['max_abs_diff'], '.2e')} | "
+                         f"{_f(c['rel_diff'], '.2e')} | {c['status']} |")
+    titles = {"fwd": "Chunk forward", "fwdbwd": "Chunk forward+backward (autograd, grads of q, k, v, g, beta)",
+              "recurrent": "Recurrent form (token loop; run at the recurrent shapes only)",
+              "decode": "Decode step (inplace=True)"}
+    for group in GROUPS:
+        rows = [r for r in doc["cases"] if r["group"] == group]
+        if not rows:
+            continue
+        lines += ["", f"## {titles[group]}", ""]
+        if group == "decode":
+            lines += ["| variant | B | us/step | tokens/s | GB/s moved | % copy bw | peak MiB |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in rows:
+                if r["status"] != "ok":
+                    lines.append(f"| {r['variant']} | {r['shape']['B']} | {r['status']}: {r['reason']} | | | | |")
+                    continue
+                lines.append(f"| {r['variant']} | {r['shape']['B']} | {r['median_ms'] * 1e3:.1f} | "
+                             f"{r['tokens_per_s']:.3g} | {r['gbps']:.2f} | {r['frac_copy']:.0%} | "
+                             f"{_mib(r['peak_mem_bytes'])} |")
+            continue
+        lines += ["| variant | impl | B | T | median ms | tokens/s | GFLOP/s | % matmul | peak MiB | linattn speedup |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            head = f"| {r['variant']} | {r['impl']} | {r['shape']['B']} | {r['shape']['T']} |"
+            if r["status"] != "ok":
+                lines.append(f"{head} {r['status']}: {r['reason']} | | | | | |")
+                continue
+            sp = r.get("linattn_speedup")
+            sp_text = "" if sp is None else f"{sp:.2f}x"
+            lines.append(f"{head} {r['median_ms']:.3g} | {r['tokens_per_s']:.3g} | {r['gflops']:.1f} | "
+                         f"{r['frac_matmul']:.0%} | {_mib(r['peak_mem_bytes'])} | {sp_text} |")
+    lines += ["", "linattn speedup = that row's time / linattn's time for the same variant and shape (softmax rows: "
+              "vs linattn accumulate). FLOP and byte counts: docs/perf.md."]
+    return "\n".join(lines) + "\n"

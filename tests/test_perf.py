@@ -1,0 +1,215 @@
+"""``linattn perf``: FLOP/byte formulas, case selection, peak memory, one tiny run's structure and rendering, and
+peers that are missing. Nothing here asserts a timing; peers are stand-ins so the tests need no optional package."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from linattn.tools import perf
+from linattn.tools import perf_peers as pp
+from linattn.tools.results import load_schema, validate
+
+
+def _recurrent_as_peer(fn, inp: pp.Inputs) -> torch.Tensor:
+    """A stand-in peer: linattn's token loop, the same function as the chunk form, by another route."""
+    return fn(inp.q, inp.k, inp.v, form="recurrent", eps=pp.EPS)[0]
+
+
+FAKE = pp.Peer("test.recurrent_as_peer", "linattn", "linear_attention", "accumulate", "chunk", _recurrent_as_peer,
+               "linattn")
+MISSING = pp.Peer("test.missing", "linattn_no_such_module_xyz", "f", "delta", "chunk", _recurrent_as_peer,
+                  "no-such-dist")
+ONLY = ("fwd/accumulate/*/B1_T128", "fwd/delta/*/B1_T128", "decode/accumulate/linattn/B4")
+
+
+# --- formulas ------------------------------------------------------------------------------------------------------
+
+
+def test_accumulate_flops_is_the_issue_formula():
+    # 4*T*H*Dk*Dv + 2*T*H*64*(Dk+Dv) at T=8192, H=8, D=64: 2^30 + 2^30
+    assert perf.rule_flops("accumulate", 1, 8192, 8, 64, 64) == 2**31
+    assert perf.rule_flops("accumulate", 3, 10, 2, 5, 7) == 3 * 10 * 2 * (4 * 5 * 7 + 2 * 64 * (5 + 7))
+    # gates are elementwise: the same fixed count for both gated variants
+    assert perf.rule_flops("gated_head", 1, 8192, 8, 64, 64) == 2**31
+    assert perf.rule_flops("gated_channel", 3, 10, 2, 5, 7) == perf.rule_flops("accumulate", 3, 10, 2, 5, 7)
+
+
+def test_delta_flops_and_backward_factor():
+    # 6*Dk*Dv + 2*64*(3*Dk + 2*Dv) per token and head: 24576 + 40960 = 65536 at D=64
+    assert perf.rule_flops("delta", 1, 8192, 8, 64, 64) == 2**32
+    assert perf.rule_flops("gated_delta", 2, 10, 3, 5, 7) == 2 * 10 * 3 * (6 * 35 + 2 * 64 * (15 + 14))
+    assert perf.rule_flops("delta", 1, 100, 2, 8, 8, backward=True) == 3 * perf.rule_flops("delta", 1, 100, 2, 8, 8)
+    assert perf.sdpa_flops(2, 100, 3, 16) == 2 * 2 * 3 * 100 * 100 * 16
+    assert perf.sdpa_flops(1, 10, 1, 4, backward=True) == 3 * 2 * 10 * 10 * 4
+
+
+def test_decode_counts():
+    assert perf.decode_flops("accumulate", 64, 8, 64, 64) == 64 * 8 * 4 * 64 * 64
+    assert perf.decode_flops("gated_delta", 1, 2, 3, 5) == 2 * 6 * 15
+    # normalized rules move S plus z (one more value column), read once and written once, plus the token
+    assert perf.decode_bytes("accumulate", 64, 8, 64, 64) == (2 * 64 * 8 * 64 * 65 + 64 * 8 * 256) * 4
+    assert perf.decode_bytes("gated_channel", 1, 1, 4, 2) == (2 * 4 * 3 + 12 + 4) * 4
+    assert perf.decode_bytes("delta", 2, 1, 4, 2) == (2 * 2 * 4 * 2 + 2 * 12 + 2) * 4
+    assert perf.decode_bytes("gated_delta", 1, 1, 4, 2) == (2 * 4 * 2 + 12 + 2) * 4
+
+
+def test_unknown_variant_is_named():
+    with pytest.raises(ValueError, match="variant: unknown 'linear'"):
+        perf.rule_flops("linear", 1, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="variant"):
+        pp.make_inputs("linear", 1, 1, 1, 1)
+
+
+# --- selection and measurement helpers -----------------------------------------------------------------------------
+
+
+def test_select_patterns():
+    cases = perf.build_cases(perf.QUICK, peers=(FAKE,))
+    names = [c.name for c in perf.select(cases, ("fwd/",))]
+    assert names and all(n.startswith("fwd/") for n in names)  # a substring; "fwdbwd/" does not contain "fwd/"
+    assert [c.name for c in perf.select(cases, ("decode/delta/*/B4",))] == ["decode/delta/linattn/B4"]
+    assert len(perf.select(cases, ())) == len(cases)
+    with pytest.raises(ValueError, match="only: no case matches"):
+        perf.select(cases, ("nothing/like/this",))
+
+
+def test_cases_run_shorter_sequences_first():
+    cases = perf.build_cases(perf.FULL, peers=())
+    ts = [c.T for c in cases if c.group == "fwd" and c.variant == "delta" and c.B == 1]
+    assert ts == [2048, 8192, 32768]
+    assert [c.group for c in cases][:10] == ["decode"] * 10
+
+
+def test_peak_bytes_is_a_running_maximum():
+    def f():
+        a = torch.empty(1000, 1000)  # 4 MB
+        del a
+        return torch.empty(500, 1000)  # 2 MB, after the first is freed
+
+    assert perf.peak_bytes(f) == 4_000_000
+    assert perf.peak_bytes(lambda: torch.empty(250, 1000).neg()) == 2_000_000  # input and result coexist
+
+
+def test_measure_counts_calls():
+    calls = []
+    m = perf._measure(lambda: calls.append(1), repeats=3, min_sample_s=0.0, budget_s=100.0)
+    assert len(calls) == 1 + 3 and m["samples"] == 3 and m["calls_per_sample"] == 1
+
+
+def test_targets_judge_ratios_and_mismatches():
+    cfg = perf.FULL
+
+    def row(group, variant, impl, ms, T=8192, mem=100):
+        return {"group": group, "variant": variant, "impl": impl, "shape": {"B": 1, "T": T}, "status": "ok",
+                "reason": None, "median_ms": ms, "frac_matmul": 0.5, "gflops": 165.0, "peak_mem_bytes": mem}
+
+    results = [row("fwd", "accumulate", "linattn", 10.0), row("fwd", "accumulate", "fla.naive_chunk_linear_attn", 60.0),
+               row("fwd", "delta", "linattn", 10.0), row("fwd", "delta", "fla.delta_rule_chunkwise", 40.0),
+               row("fwd", "gated_delta", "linattn", 10.0),
+               row("fwd", "gated_delta", "hf.torch_chunk_gated_delta_rule", 90.0)]
+    results += [row("fwd", v, "linattn", 10.0) for v in ("gated_head", "gated_channel")]
+    results += [row("fwd", v, "linattn", 41.0 if v == "delta" else 46.0, T=32768, mem=400) for v in pp.VARIANTS]
+    checks = [{"peer": "hf.torch_chunk_gated_delta_rule", "status": "MISMATCH"}]
+    rates = {"matmul": {"gflops": 330.0}}
+    t = {x["id"]: x for x in perf.evaluate_targets(results, rates, cfg, checks)}
+    assert t["fwd_accumulate_vs_fla.naive_chunk_linear_attn"]["value"] == pytest.approx(6.0)
+    assert t["fwd_accumulate_vs_fla.naive_chunk_linear_attn"]["status"] == "met"
+    assert t["fwd_delta_vs_fla.delta_rule_chunkwise"]["status"] == "missed"
+    assert t["fwd_gated_delta_vs_hf.torch_chunk_gated_delta_rule"]["status"] == "not measured"
+    assert "MISMATCH" in t["fwd_gated_delta_vs_hf.torch_chunk_gated_delta_rule"]["detail"]
+    assert t["fwd_gated_delta_vs_fla.naive_chunk_gated_delta_rule"]["status"] == "not measured"
+    assert t["fwd_accumulate_matmul_fraction"]["status"] == "met"
+    growth = t["fwd_linear_time"]  # worst variant 4.6x > 4.5x: missed, and the worst is the one shown
+    assert (growth["value"], growth["status"]) == (pytest.approx(4.6), "missed")
+    assert t["fwd_linear_peak_memory"]["status"] == "met" and t["fwd_linear_peak_memory"]["value"] == 4.0
+    assert t["fwdbwd_linear_time"]["status"] == "not measured"
+    assert t["decode_b64_copy_fraction"]["status"] == "not measured"
+
+
+# --- one tiny run --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return perf.run(perf.QUICK, only=ONLY, peers=(FAKE, MISSING), progress=False)
+
+
+def test_run_document_is_valid_and_complete(doc):
+    validate(doc, load_schema("perf"), source="perf run")
+    json.dumps(doc, allow_nan=False)
+    assert {c["name"] for c in doc["cases"]} == {
+        "fwd/accumulate/linattn/B1_T128", "fwd/accumulate/test.recurrent_as_peer/B1_T128",
+        "fwd/delta/linattn/B1_T128", "fwd/delta/test.missing/B1_T128", "decode/accumulate/linattn/B4"}
+    assert doc["machine"]["matmul"]["gflops"] > 0 and doc["machine"]["copy"]["gbps"] > 0
+
+
+def test_missing_peer_is_reported_not_raised(doc):
+    case = next(c for c in doc["cases"] if c["impl"] == "test.missing")
+    assert case["status"] == "not installed" and "no-such-dist" in case["reason"] and case["median_ms"] is None
+    check = next(c for c in doc["crosscheck"] if c["peer"] == "test.missing")
+    assert check["status"] == "not installed"
+    fake = next(c for c in doc["crosscheck"] if c["peer"] == FAKE.name)
+    assert fake["status"] == "match" and fake["rel_diff"] < 1e-5
+
+
+def test_derived_numbers(doc):
+    by = {c["name"]: c for c in doc["cases"]}
+    ours, peer = by["fwd/accumulate/linattn/B1_T128"], by["fwd/accumulate/test.recurrent_as_peer/B1_T128"]
+    assert ours["status"] == peer["status"] == "ok"
+    s = ours["median_ms"] / 1e3
+    assert ours["tokens_per_s"] == pytest.approx(128 / s)
+    assert ours["gflops"] == pytest.approx(perf.rule_flops("accumulate", 1, 128, 2, 16, 16) / s / 1e9)
+    assert ours["frac_matmul"] == pytest.approx(ours["gflops"] / doc["machine"]["matmul"]["gflops"])
+    ratio = peer["median_ms"] / ours["median_ms"]
+    assert peer["linattn_speedup"] == pytest.approx(ratio) and ours["speedup_vs"][FAKE.name] == pytest.approx(ratio)
+    assert ours["peak_mem_bytes"] >= 128 * 2 * 16 * 4  # at least the float32 output
+    dec = by["decode/accumulate/linattn/B4"]
+    assert dec["bytes_moved"] == perf.decode_bytes("accumulate", 4, 2, 16, 16)
+    assert dec["frac_copy"] == pytest.approx(dec["gbps"] / doc["machine"]["copy"]["gbps"])
+    assert dec["tokens_per_s"] == pytest.approx(4 / (dec["median_ms"] / 1e3))
+    frac = next(t for t in doc["targets"] if t["id"] == "fwd_accumulate_matmul_fraction")
+    assert frac["value"] == ours["frac_matmul"] and frac["status"] == ("met" if frac["value"] >= 0.3 else "missed")
+    vs_fla = next(t for t in doc["targets"] if t["id"] == "fwd_accumulate_vs_fla.naive_chunk_linear_attn")
+    assert vs_fla["status"] == "not measured" and "not selected" in vs_fla["detail"]
+
+
+def test_markdown_rendering(doc):
+    md = perf.render_markdown(doc)
+    assert md.startswith("# linattn CPU kernel benchmark (quick smoke configuration)")
+    assert "## Targets" in md and "## Chunk forward" in md and "## Decode step" in md
+    assert "| accumulate | test.recurrent_as_peer | 1 | 128 |" in md
+    assert "| delta | test.missing | 1 | 128 | not installed:" in md
+    assert "| test.recurrent_as_peer | accumulate | chunk |" in md  # cross-check table
+    assert "## Chunk forward+backward" not in md  # no such case selected
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_files_and_refuses_to_overwrite(tmp_path):
+    out, md = tmp_path / "perf.json", tmp_path / "perf.md"
+    args = ["--quick", "--only", "decode/gated_head/linattn/B1", "--output", str(out), "--markdown", str(md)]
+    first = CliRunner().invoke(perf.command, args)
+    assert first.exit_code == 0, first.output
+    saved = json.loads(out.read_text())
+    validate(saved, load_schema("perf"))
+    assert [c["name"] for c in saved["cases"]] == ["decode/gated_head/linattn/B1"]
+    assert md.read_text() in first.output  # the same Markdown is printed
+    again = CliRunner().invoke(perf.command, args)
+    assert again.exit_code == 2 and "exists; pass --overwrite" in again.output
+    assert json.loads(out.read_text()) == saved
+    assert CliRunner().invoke(perf.command, [*args, "--overwrite", "--no-memory"]).exit_code == 0
+    assert json.loads(out.read_text())["cases"][0]["peak_mem_bytes"] is None
+
+
+def test_cli_only_and_list():
+    listed = CliRunner().invoke(perf.command, ["--quick", "--list", "--only", "decode/*/B4,recurrent/delta/linattn"])
+    assert listed.exit_code == 0
+    expected = [f"decode/{v}/linattn/B4" for v in pp.VARIANTS] + ["recurrent/delta/linattn/B1_T128"]
+    assert listed.output.split() == expected
+    bad = CliRunner().invoke(perf.command, ["--quick", "--only", "no/such/case"])
+    assert bad.exit_code == 2 and "--only" in bad.output and "no case matches" in bad.output
