@@ -75,8 +75,8 @@ def test_float16_overflow_is_caught():
     recs = st.stability_sweep(rules=["accumulate"], dtypes=["float16", "float32"], lengths=[1024], scales=[10.0],
                               chunk_sizes=[64], dim=32)
     f16, f32 = recs
-    # den = inf: tokens whose numerator stayed finite read 0 (error exactly 1), the others inf / inf = NaN
-    assert f16["dtype"] == "float16" and f16["max_rel_err"] == pytest.approx(1.0)
+    # den passes float16's 65504: those outputs are inf / inf = NaN or inf, counted apart from the measured errors
+    assert f16["dtype"] == "float16" and f16["nan_count"] + f16["inf_count"] > 1000
     assert f32["max_rel_err"] < 1e-5
 
 
@@ -152,7 +152,8 @@ def test_run_segmented_float64_unchanged_and_float16_kept_in_range():
     assert info64["n_rescales"] >= 1 and info64["key_factor"] <= 2.0**-10  # the state was shrunk a lot ...
     assert st.token_rel_change(out64, ref).max().item() < 1e-12  # ... and no output moved
     plain, _ = st._attend(x, torch.float16, rule="accumulate", form="chunk", chunk_size=64)
-    assert st.error_stats(plain, ref)["max_rel_err"] == pytest.approx(1.0)  # den overflowed
+    plain_stats = st.error_stats(plain, ref)
+    assert plain_stats["nan_count"] + plain_stats["inf_count"] > 1000  # den overflowed
     res, info = st.run_segmented(q, k, v, dtype=torch.float16, segment=128, limit=2.0**10)
     stats = st.error_stats(res, ref)
     assert info["n_rescales"] >= 1 and info["peak_state_abs"] < 65504

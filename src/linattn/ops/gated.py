@@ -9,7 +9,8 @@ are exponentiated, so nothing overflows however small the gates (see NOTES.md se
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from linattn.ops.common import ChunkCarry, exp_in, log_cumsum, masked_exp_diff, to_chunks
 
 
 def _per_channel(g: torch.Tensor | None, q: torch.Tensor) -> bool:
@@ -17,8 +18,9 @@ def _per_channel(g: torch.Tensor | None, q: torch.Tensor) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
-def recurrent(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
+def recurrent(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None, scale=1.0):
     """Token loop: the definition every other form must reproduce."""
+    q = q * scale
     S = initial_state
     outputs = []
     for t in range(q.shape[2]):
@@ -48,53 +50,33 @@ def step(q, k, v, *, g=None, beta=None, state, inplace=False):
 
 
 # ---------------------------------------------------------------------------------------------- parallel
-def _log_cumsum(g: torch.Tensor, dim: int) -> torch.Tensor:
-    """Cumulative log-gate in float64: later differences G_i - G_j would otherwise cancel catastrophically
-    (after a strong decay |G| is large while G_i - G_j is small). Exponents are cast back just before exp."""
-    return g.to(torch.float64).cumsum(dim=dim)
-
-
-def _exp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x.to(dtype).exp()
-
-
-def _masked_exp_diff(G: torch.Tensor, dtype: torch.dtype, inclusive: bool = True) -> torch.Tensor:
-    """exp(G_i - G_j) for j <= i (j < i if not inclusive), 0 elsewhere; G [..., T] -> [..., T, T] in ``dtype``.
-
-    The mask goes in before the exp, so the positive differences above the diagonal never overflow.
-    """
-    T = G.shape[-1]
-    mask = torch.ones(T, T, dtype=torch.bool, device=G.device).tril(0 if inclusive else -1)
-    diff = G[..., :, None] - G[..., None, :]
-    return _exp(torch.where(mask, diff, torch.full_like(diff, float("-inf"))), dtype)
-
-
-def parallel(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
+def parallel(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None, scale=1.0):
     """Dense masked T x T form: O = [(Q K^T) * decay * M] V + (Q * exp(G)) S0. Memory O(T^2) (O(T^2 Dk) per channel)."""
     T = q.shape[2]
+    q = q * scale
     S0 = initial_state
     if g is None:
         A = torch.matmul(q, k.transpose(-1, -2)).tril()
         return torch.matmul(A, v) + torch.matmul(q, S0), S0 + torch.matmul(k.transpose(-1, -2), v)
-    G = _log_cumsum(g, dim=2)
+    G = log_cumsum(g, dim=2)
     dt = q.dtype
     if _per_channel(g, q):
         # A_ij = sum_c q_ic k_jc exp(G_ic - G_jc): the decay differs per channel, so no single matmul computes it.
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         diff = G[:, :, :, None, :] - G[:, :, None, :, :]
-        decay = _exp(torch.where(mask[..., None], diff, torch.full_like(diff, float("-inf"))), dt)
+        decay = exp_in(torch.where(mask[..., None], diff, torch.full_like(diff, float("-inf"))), dt)
         A = torch.einsum("bhic,bhjc,bhijc->bhij", q, k, decay)
         G_last = G[:, :, -1:, :]
-        S = _exp(G_last, dt).transpose(-1, -2) * S0 + torch.matmul((k * _exp(G_last - G, dt)).transpose(-1, -2), v)
-        return torch.matmul(A, v) + torch.matmul(q * _exp(G, dt), S0), S
-    A = torch.matmul(q, k.transpose(-1, -2)) * _masked_exp_diff(G, dt)
+        S = exp_in(G_last, dt).transpose(-1, -2) * S0 + torch.matmul((k * exp_in(G_last - G, dt)).transpose(-1, -2), v)
+        return torch.matmul(A, v) + torch.matmul(q * exp_in(G, dt), S0), S
+    A = torch.matmul(q, k.transpose(-1, -2)) * masked_exp_diff(G, dt)
     G_last = G[:, :, -1:]
-    S = _exp(G_last, dt)[..., None] * S0 + torch.matmul((k * _exp(G_last - G, dt)[..., None]).transpose(-1, -2), v)
-    return torch.matmul(A, v) + torch.matmul(q * _exp(G, dt)[..., None], S0), S
+    S = exp_in(G_last, dt)[..., None] * S0 + torch.matmul((k * exp_in(G_last - G, dt)[..., None]).transpose(-1, -2), v)
+    return torch.matmul(A, v) + torch.matmul(q * exp_in(G, dt)[..., None], S0), S
 
 
 # ---------------------------------------------------------------------------------------------- scan
-def scan(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
+def scan(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None, scale=1.0):
     """Associative scan over per-token affine maps S -> a S + k v^T, combined in log2(T) doubling rounds.
 
     (a2, B2) o (a1, B1) = (a2 a1, a2 B1 + B2): after round r each position holds the composition of the last 2^r
@@ -102,6 +84,7 @@ def scan(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
     sequence parallelism uses, not the fast path.
     """
     T = q.shape[2]
+    q = q * scale
     Bm = k[..., :, None] * v[..., None, :]  # [B, H, T, Dk, Dv]
     if g is None:
         log_a = None
@@ -124,20 +107,7 @@ def scan(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None):
 
 
 # ---------------------------------------------------------------------------------------------- chunk
-def _to_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
-    """[B, H, T, ...] zero-padded to a multiple of C and viewed as [B, H, n, C, ...].
-
-    Padded tokens have k = v = 0 and log-gate 0 (a = 1), so they leave the state unchanged.
-    """
-    T = x.shape[2]
-    pad = (-T) % C
-    if pad:
-        widths = [0, 0] * (x.dim() - 3) + [0, pad]
-        x = F.pad(x, widths)
-    return x.reshape(*x.shape[:2], -1, C, *x.shape[3:])
-
-
-def _sub_block(C: int, limit: int = 16) -> int:
+def _sub_block(C: int, limit: int = 8) -> int:
     """Largest divisor of C that is at most ``limit``: the exact-decay diagonal block of the per-channel form."""
     return max(d for d in range(1, min(C, limit) + 1) if C % d == 0)
 
@@ -145,10 +115,10 @@ def _sub_block(C: int, limit: int = 16) -> int:
 def _intra_per_channel(q, k, G):
     """A_ij = sum_c q_ic k_jc exp(G_ic - G_jc) for j <= i inside each chunk, without overflow.
 
-    Split the chunk into sub-blocks of s tokens. For a key j before query sub-block I, factor the decay through
+    Split the chunk into m sub-blocks of s tokens. For a key j before query sub-block I, factor the decay through
     r_I, the cumulative gate just before I: exp(G_i - r_I) * exp(r_I - G_j), both factors <= 1, so one matmul per
     sub-block. Inside a sub-block the decay is taken exactly from an [s, s, Dk] tensor.
-    q, k, G: [B, H, n, C, Dk] -> A [B, H, n, C, C].
+    q, k: [N, n, C, Dk], G: same in float64 -> A [N, n, C, C].
     """
     *lead, C, Dk = q.shape
     s = _sub_block(C)
@@ -156,69 +126,58 @@ def _intra_per_channel(q, k, G):
     Gs = G.reshape(*lead, m, s, Dk)
     # r_I: cumulative gate before sub-block I (0 before the first one).
     r = torch.cat([torch.zeros_like(Gs[..., :1, 0, :]), Gs[..., :-1, -1, :]], dim=-2)  # [..., m, Dk]
-    q_scaled = q.reshape(*lead, m, s, Dk) * _exp(Gs - r[..., None, :], q.dtype)
+    q_scaled = q.reshape(*lead, m, s, Dk) * exp_in(Gs - r[..., None, :], q.dtype)
     before = torch.arange(C, device=q.device)[None, :] < (torch.arange(m, device=q.device) * s)[:, None]  # [m, C]
     expo = r[..., :, None, :] - G[..., None, :, :]  # [..., m, C, Dk]
-    k_scaled = k[..., None, :, :] * _exp(
-        torch.where(before[..., None], expo, torch.full_like(expo, float("-inf"))), k.dtype
-    )
-    A = torch.matmul(q_scaled, k_scaled.transpose(-1, -2))  # [..., m, s, C]
-    # Diagonal sub-blocks, exact.
-    ks = k.reshape(*lead, m, s, Dk)
+    keys_before = torch.where(before[..., None], expo, torch.full_like(expo, -torch.inf))
+    k_scaled = k[..., None, :, :] * exp_in(keys_before, k.dtype)
+    A = torch.matmul(q_scaled, k_scaled.transpose(-1, -2))  # [..., m, s, C]: keys before each sub-block
+    # Diagonal sub-blocks, exact, added in place on the block diagonal.
     inner = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
     diff = Gs[..., :, None, :] - Gs[..., None, :, :]
-    decay = _exp(torch.where(inner[..., None], diff, torch.full_like(diff, float("-inf"))), q.dtype)
-    A_diag = torch.einsum("...ic,...jc,...ijc->...ij", q.reshape(*lead, m, s, Dk), ks, decay)  # [..., m, s, s]
-    A = A.reshape(*lead, m, s, m, s)
-    idx = torch.arange(m, device=q.device)
-    A[..., idx, :, idx, :] = A[..., idx, :, idx, :] + A_diag.movedim(-3, 0)
+    decay = exp_in(torch.where(inner[..., None], diff, torch.full_like(diff, -torch.inf)), q.dtype)
+    qs, ks = q.reshape(*lead, m, s, Dk), k.reshape(*lead, m, s, Dk)
+    A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * decay).sum(-1)  # [..., m, s, s]
+    A.view(*lead, m, s, m, s).diagonal(dim1=-4, dim2=-2).add_(A_diag.movedim(-3, -1))
     return A.reshape(*lead, C, C)
 
 
-def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64):
+def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64, scale=1.0):
     """Chunkwise form: exact attention inside chunks of C tokens, the state carried across chunks.
 
-    All chunks' inner products are batched matmuls; only the carry S_{c+1} = a_c S_c + dS_c is a loop over chunks
-    (a cumulative sum when ungated). Then every chunk reads its incoming state in one batched matmul.
+    All chunks' inner products are batched matmuls over [B*H*n] small matrices; only the carry
+    S_{c+1} = a_c S_c + dS_c is a loop over chunks (``ChunkCarry``). Then every chunk reads its incoming state
+    in one batched matmul. ``scale`` rides on the matmuls' alpha/beta, costing no pass of its own.
     """
     B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
     C = min(chunk_size, T)
-    qc, kc, vc = _to_chunks(q, C), _to_chunks(k, C), _to_chunks(v, C)
-    n, Dv = qc.shape[2], vc.shape[-1]
-    S0 = initial_state
+    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)  # [N, n, C, D], N = B*H
+    N, n = qc.shape[:2]
+    q2, k2, v2 = qc.view(-1, C, Dk), kc.view(-1, C, Dk), vc.view(-1, C, Dv)
     if g is None:
-        A = torch.matmul(qc, kc.transpose(-1, -2)).tril_()
-        dS = torch.matmul(kc.transpose(-1, -2), vc)  # [B, H, n, Dk, Dv]
-        # Exclusive prefix sum: the state entering chunk c is S0 plus the writes of chunks 0..c-1.
-        S_before = torch.cat([S0[:, :, None], dS[:, :, :-1]], dim=2).cumsum(dim=2)
-        S_final = S_before[:, :, -1] + dS[:, :, -1]
-        q_in = qc
+        A = torch.bmm(q2, k2.transpose(1, 2)).tril_()
+        q_in, k_out, decay = q2, k2, None
     else:
-        Gc = _log_cumsum(_to_chunks(g, C), dim=3)  # cumulative log-gate inside each chunk, float64
+        Gc = log_cumsum(to_chunks(g, C), dim=2)  # cumulative log-gate inside each chunk, float64
         dt = q.dtype
         if _per_channel(g, q):
-            G_last = Gc[:, :, :, -1:, :]  # [B, H, n, 1, Dk]
-            A = _intra_per_channel(qc, kc, Gc)
-            q_in = qc * _exp(Gc, dt)
-            k_out = kc * _exp(G_last - Gc, dt)
-            chunk_decay = _exp(G_last, dt).transpose(-1, -2)  # [B, H, n, Dk, 1]
+            G_last = Gc[:, :, -1:, :]  # [N, n, 1, Dk]
+            A = _intra_per_channel(qc, kc, Gc).view(-1, C, C)
+            q_in = (qc * exp_in(Gc, dt)).view(-1, C, Dk)
+            k_out = (kc * exp_in(G_last - Gc, dt)).view(-1, C, Dk)
+            decay = exp_in(G_last, dt).transpose(-1, -2)  # [N, n, Dk, 1]
         else:
-            G_last = Gc[:, :, :, -1:]  # [B, H, n, 1]
-            A = torch.matmul(qc, kc.transpose(-1, -2)) * _masked_exp_diff(Gc, dt)
-            q_in = qc * _exp(Gc, dt)[..., None]
-            k_out = kc * _exp(G_last - Gc, dt)[..., None]
-            chunk_decay = _exp(G_last, dt)[..., None]  # [B, H, n, 1, 1]
-        dS = torch.matmul(k_out.transpose(-1, -2), vc)
-        states = [S0]
-        for c in range(n):
-            states.append(torch.addcmul(dS[:, :, c], chunk_decay[:, :, c], states[-1]))
-        S_before = torch.stack(states[:-1], dim=2)
-        S_final = states[-1]
-    # o = A V + Q_in S_before, the add fused into the second product.
-    o = torch.baddbmm(
-        torch.matmul(A, vc).view(-1, C, Dv), q_in.reshape(-1, C, Dk), S_before.reshape(-1, Dk, Dv)
-    ).view(B, H, n * C, Dv)
-    return o[:, :, :T], S_final
+            G_last = Gc[:, :, -1:]  # [N, n, 1]
+            A = torch.bmm(q2, k2.transpose(1, 2)) * masked_exp_diff(Gc, dt).view(-1, C, C)
+            q_in = (qc * exp_in(Gc, dt)[..., None]).view(-1, C, Dk)
+            k_out = (kc * exp_in(G_last - Gc, dt)[..., None]).view(-1, C, Dk)
+            decay = exp_in(G_last, dt)[..., None]  # [N, n, 1, 1]
+    dS = torch.bmm(k_out.transpose(1, 2), v2).view(N, n, Dk, Dv)
+    S_before, S_final = ChunkCarry.apply(dS, decay, initial_state.reshape(N, Dk, Dv))
+    # o = scale * (Q_in S_before + A V): the second product accumulates in place into the first.
+    o = torch.bmm(q_in, S_before.view(-1, Dk, Dv)).baddbmm_(A, v2, beta=scale, alpha=scale)
+    return o.view(B, H, n * C, Dv)[:, :, :T], S_final.view(B, H, Dk, Dv)
 
 
 FORMS = {"recurrent": recurrent, "chunk": chunk, "parallel": parallel, "scan": scan}

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from linattn.ops.gated import _exp, _log_cumsum, _masked_exp_diff, _to_chunks
+from linattn.ops.common import exp_in, log_cumsum, masked_exp_diff, to_chunks
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
-def recurrent(q, k, v, *, g=None, beta, initial_state, chunk_size=None):
+def recurrent(q, k, v, *, g=None, beta, initial_state, chunk_size=None, scale=1.0):
     """Token loop: the definition every other form must reproduce."""
+    q = q * scale
     S = initial_state
     outputs = []
     for t in range(q.shape[2]):
@@ -47,7 +48,7 @@ def step(q, k, v, *, g=None, beta, state, inplace=False):
 
 
 # ---------------------------------------------------------------------------------------------- chunk
-def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64):
+def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
     """Chunkwise WY/UT form (Yang et al. 2024; Gated DeltaNet), batched over all chunks except one carry loop.
 
     Inside a chunk with cumulative log-gate G (0 before its first token) and incoming state S:
@@ -60,47 +61,44 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64):
     M_c = exp(G_C) I - K_out^T W and N_c = K_out^T U, so the loop over chunks is one small matmul each and the
     outputs are read afterwards in one batched matmul: O = (exp(G) Q - P W) S_c + P U.
     """
-    T = q.shape[2]
+    B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
     C = min(chunk_size, T)
-    qc, kc, vc, bc = _to_chunks(q, C), _to_chunks(k, C), _to_chunks(v, C), _to_chunks(beta, C)  # padded b = 0
-    kk = torch.matmul(kc, kc.transpose(-1, -2))
-    qk = torch.matmul(qc, kc.transpose(-1, -2))
+    qc, kc, vc, bc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C), to_chunks(beta, C)  # padded b = 0
+    N, n = qc.shape[:2]
+    q2, k2, v2, b2 = qc.view(-1, C, Dk), kc.view(-1, C, Dk), vc.view(-1, C, Dv), bc.view(-1, C, 1)
+    kk = torch.bmm(k2, k2.transpose(1, 2))
+    qk = torch.bmm(q2, k2.transpose(1, 2))
     if g is None:
-        A = bc[..., :, None] * kk.tril(-1)
-        P = qk.tril()
-        q_in, k_in, k_out = qc, kc, kc
-        chunk_decay = None
+        A = kk.tril(-1) * b2
+        P = qk.tril_()
+        q_in, k_in, k_out, decay = q2, k2, k2, None
     else:
-        Gc = _log_cumsum(_to_chunks(g, C), dim=3)  # float64: see linattn.ops.gated._log_cumsum
+        Gc = log_cumsum(to_chunks(g, C), dim=2)  # [N, n, C], float64: see linattn.ops.common.log_cumsum
         dt = q.dtype
-        A = bc[..., :, None] * kk * _masked_exp_diff(Gc, dt, inclusive=False)
-        P = qk * _masked_exp_diff(Gc, dt)
-        q_in = qc * _exp(Gc, dt)[..., None]
-        k_in = kc * _exp(Gc, dt)[..., None]
-        k_out = kc * _exp(Gc[..., -1:] - Gc, dt)[..., None]
-        chunk_decay = _exp(Gc[..., -1], dt)[..., None, None]  # [B, H, n, 1, 1]
-    Dv = vc.shape[-1]
-    rhs = torch.cat([bc[..., None] * vc, bc[..., None] * k_in], dim=-1)
+        A = kk * b2 * masked_exp_diff(Gc, dt, inclusive=False).view(-1, C, C)
+        P = qk * masked_exp_diff(Gc, dt).view(-1, C, C)
+        e_G = exp_in(Gc, dt).view(-1, C, 1)
+        q_in, k_in = q2 * e_G, k2 * e_G
+        k_out = k2 * exp_in(Gc[..., -1:] - Gc, dt).view(-1, C, 1)
+        decay = exp_in(Gc[..., -1], dt).view(-1, 1, 1)  # [N*n, 1, 1]
+    rhs = torch.cat([v2 * b2, k_in * b2], dim=-1)
     # A is strictly lower triangular: I + A is unit lower triangular, a triangular solve rather than an inverse.
-    eye = torch.eye(C, dtype=A.dtype, device=A.device)
-    if A.dtype in (torch.bfloat16, torch.float16):  # no half-precision triangular solve on every device
-        UW = torch.linalg.solve_triangular(
-            (A + eye).float(), rhs.float(), upper=False, unitriangular=True
-        ).to(A.dtype)
-    else:
-        UW = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True)
-    U, W = UW[..., :Dv], UW[..., Dv:]
-    k_out_t = k_out.transpose(-1, -2)
-    identity = torch.eye(k_out_t.shape[-2], dtype=A.dtype, device=A.device)
-    M = (identity if chunk_decay is None else chunk_decay * identity) - torch.matmul(k_out_t, W)  # [B, H, n, Dk, Dk]
-    N = torch.matmul(k_out_t, U)
-    states = [initial_state]
-    for c in range(M.shape[2]):
-        states.append(torch.baddbmm(N[:, :, c].flatten(0, 1), M[:, :, c].flatten(0, 1), states[-1].flatten(0, 1))
-                      .view_as(states[-1]))
-    S_before = torch.stack(states[:-1], dim=2)
-    o = torch.matmul(q_in - torch.matmul(P, W), S_before) + torch.matmul(P, U)
-    return o.flatten(2, 3)[:, :, :T], states[-1]
+    # (No half-precision triangular solve exists on every device: solve those in float32.)
+    solve_dtype = torch.float32 if A.dtype in (torch.bfloat16, torch.float16) else A.dtype
+    UW = torch.linalg.solve_triangular(A.to(solve_dtype), rhs.to(solve_dtype), upper=False, unitriangular=True)
+    U, W = UW.to(A.dtype).split([Dv, Dk], dim=-1)
+    k_out_t = k_out.transpose(1, 2)
+    identity = torch.eye(Dk, dtype=A.dtype, device=A.device)
+    M = (identity if decay is None else decay * identity) - torch.bmm(k_out_t, W)  # [N*n, Dk, Dk]
+    Nw = torch.bmm(k_out_t, U)  # [N*n, Dk, Dv]
+    M, Nw = M.view(N, n, Dk, Dk), Nw.view(N, n, Dk, Dv)
+    states = [initial_state.reshape(N, Dk, Dv)]
+    for c in range(n):
+        states.append(torch.baddbmm(Nw[:, c], M[:, c], states[-1]))
+    S_before = torch.stack(states[:-1], dim=1).view(-1, Dk, Dv)
+    o = torch.bmm(q_in - torch.bmm(P, W), S_before).baddbmm_(P, U, beta=scale, alpha=scale)
+    return o.view(B, H, n * C, Dv)[:, :, :T], states[-1].view(B, H, Dk, Dv)
 
 
 FORMS = {"recurrent": recurrent, "chunk": chunk}

@@ -1,0 +1,94 @@
+"""Pieces the chunk forms of every rule share: chunked layout, log-space gates, and the carry across chunks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def to_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """``[B, H, T, ...]`` (any strides) -> contiguous ``[B*H, n, C, ...]``, zero-padded to a multiple of C.
+
+    Padded tokens have k = v = 0, beta = 0 and log-gate 0 (a = 1), so they leave the state unchanged; their
+    outputs are cut off by the caller. This is the one copy each input gets.
+    """
+    B, H, T = x.shape[:3]
+    pad = (-T) % C
+    if pad:
+        x = F.pad(x, [0, 0] * (x.dim() - 3) + [0, pad])
+    return x.reshape(B * H, (T + pad) // C, C, *x.shape[3:]).contiguous()
+
+
+def log_cumsum(g: torch.Tensor, dim: int) -> torch.Tensor:
+    """Cumulative log-gate in float64.
+
+    In float32, after a strong decay |G| is large while a later difference G_i - G_j is small, and the
+    subtraction cancels catastrophically. Exponents are cast back to the working dtype just before ``exp``.
+    """
+    return g.to(torch.float64).cumsum(dim=dim)
+
+
+def exp_in(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype).exp()
+
+
+def masked_exp_diff(G: torch.Tensor, dtype: torch.dtype, inclusive: bool = True) -> torch.Tensor:
+    """exp(G_i - G_j) for j <= i (j < i if not inclusive), 0 elsewhere; G [..., T] -> [..., T, T] in ``dtype``.
+
+    The mask goes in before the exp, so the positive differences above the diagonal never overflow.
+    """
+    T = G.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool, device=G.device).tril(0 if inclusive else -1)
+    diff = G[..., :, None] - G[..., None, :]
+    return exp_in(torch.where(mask, diff, torch.full_like(diff, float("-inf"))), dtype)
+
+
+class ChunkCarry(torch.autograd.Function):
+    """The state entering each chunk: S_0 = initial, S_{c+1} = a_c * S_c + dS_c.
+
+    Inputs: dS ``[N, n, Dk, Dv]`` (each chunk's own writes, already decayed to its end), decay ``None`` or
+    ``[N, n, 1 or Dk, 1]`` (the chunk's total gate), S0 ``[N, Dk, Dv]``. Returns (S_before ``[N, n, Dk, Dv]``,
+    S_final ``[N, Dk, Dv]``).
+
+    A hand-written backward because autograd through a Python loop of n slices would keep n graph nodes and
+    copy the whole buffer at each; here both directions are one fused multiply-add per chunk into one buffer.
+    Backward: with T_c the total gradient reaching S_c, T_n = dS_final, T_c = dS_before_c + a_c T_{c+1};
+    then d(dS_c) = T_{c+1}, d(a_c) = sum(T_{c+1} * S_c), d(S0) = T_0.
+    """
+
+    @staticmethod
+    def forward(ctx, dS, decay, S0):
+        n = dS.shape[1]
+        S_before = torch.empty_like(dS)
+        S_before[:, 0] = S0
+        for c in range(1, n):
+            if decay is None:
+                torch.add(S_before[:, c - 1], dS[:, c - 1], out=S_before[:, c])
+            else:
+                torch.addcmul(dS[:, c - 1], decay[:, c - 1], S_before[:, c - 1], out=S_before[:, c])
+        last = S_before[:, -1] if decay is None else decay[:, -1] * S_before[:, -1]
+        S_final = last + dS[:, -1]
+        ctx.save_for_backward(decay, S_before)
+        return S_before, S_final
+
+    @staticmethod
+    def backward(ctx, grad_before, grad_final):
+        decay, S_before = ctx.saved_tensors
+        n = S_before.shape[1]
+        if grad_before is None:
+            grad_before = torch.zeros_like(S_before)
+        if grad_final is None:
+            grad_final = torch.zeros_like(S_before[:, 0])
+        grad_dS = torch.empty_like(S_before)
+        grad_dS[:, -1] = grad_final
+        for c in range(n - 1, 0, -1):
+            if decay is None:
+                torch.add(grad_before[:, c], grad_dS[:, c], out=grad_dS[:, c - 1])
+            else:
+                torch.addcmul(grad_before[:, c], decay[:, c], grad_dS[:, c], out=grad_dS[:, c - 1])
+        grad_S0 = grad_before[:, 0] + (grad_dS[:, 0] if decay is None else decay[:, 0] * grad_dS[:, 0])
+        grad_decay = None
+        if decay is not None and ctx.needs_input_grad[1]:
+            sum_dims = [d for d in (-2, -1) if decay.shape[d] == 1]
+            grad_decay = (grad_dS * S_before).sum(dim=sum_dims, keepdim=True)
+        return grad_dS, grad_decay, grad_S0
