@@ -83,7 +83,12 @@ class Case:
 @st.composite
 def cases(draw, rule: str) -> Case:
     normalized = rule in NORMALIZED_RULES
+    per_channel = rule == "gated" and draw(st.booleans())
     maps = [None, "relu1", "elu1", "identity", "taylor2", softplus_map] if normalized else [None, "identity", l2_map]
+    if per_channel:
+        # Taylor features have negative components: only phi(q).phi(k) > 0 is guaranteed, and a different decay per
+        # feature channel breaks that sum, so q^T z can reach 0 and the output is undefined (inf/NaN) in every form.
+        maps.remove("taylor2")
     feature_map = draw(st.sampled_from(maps))
     return Case(
         rule=rule,
@@ -94,7 +99,7 @@ def cases(draw, rule: str) -> Case:
         Dv=draw(st.integers(1, 9)),
         chunk_size=draw(st.sampled_from([1, 3, 8, 16, 64])),
         feature_map=feature_map,
-        per_channel=rule == "gated" and draw(st.booleans()),
+        per_channel=per_channel,
         gate_range=draw(st.sampled_from(sorted(GATE_RANGES))),
         key_norm=draw(st.sampled_from([0.3, 1.0])),
         input_scale=draw(st.sampled_from([0.1, 1.0, 5.0])),

@@ -32,6 +32,22 @@ def exp_in(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype).exp()
 
 
+# Within this many nats of log-decay from a chunk's start, exp(G) and exp(-G) are both normal float32 numbers.
+SAFE_LOG_DECAY = 60.0
+
+
+def gate_factors(G: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(exp(G), exp(-G)) in ``dtype`` when every chunk-local G is within ``SAFE_LOG_DECAY``, else None.
+
+    Then exp(G_i - G_j) = exp(G_i) * exp(-G_j) factors into the queries and keys, and the decayed scores are one
+    plain matmul with no [C, C] decay matrix: no subtraction, so no cancellation; each factor is rounded once
+    from float64. Stronger decays (gates near 0) take the exact masked path instead. float16 always does.
+    """
+    if dtype == torch.float16 or bool(G.min() < -SAFE_LOG_DECAY):
+        return None
+    return G.exp().to(dtype), (-G).exp().to(dtype)
+
+
 def masked_exp_diff(G: torch.Tensor, dtype: torch.dtype, inclusive: bool = True) -> torch.Tensor:
     """exp(G_i - G_j) for j <= i (j < i if not inclusive), 0 elsewhere; G [..., T] -> [..., T, T] in ``dtype``.
 

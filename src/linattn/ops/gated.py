@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from linattn.ops.common import ChunkCarry, exp_in, log_cumsum, masked_exp_diff, to_chunks
+from linattn.ops.common import (
+    ChunkCarry,
+    exp_in,
+    gate_factors,
+    log_cumsum,
+    masked_exp_diff,
+    to_chunks,
+)
 
 
 def _per_channel(g: torch.Tensor | None, q: torch.Tensor) -> bool:
@@ -160,20 +167,25 @@ def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64, scale=1.0
         q_in, k_out, decay = q2, k2, None
     else:
         Gc = log_cumsum(to_chunks(g, C), dim=2)  # cumulative log-gate inside each chunk, float64
+        G_last = Gc[:, :, -1:]  # [N, n, 1] or [N, n, 1, Dk]
         dt = q.dtype
-        if _per_channel(g, q):
-            G_last = Gc[:, :, -1:, :]  # [N, n, 1, Dk]
-            A = _intra_per_channel(qc, kc, Gc).view(-1, C, C)
-            q_in = (qc * exp_in(Gc, dt)).view(-1, C, Dk)
-            k_out = (kc * exp_in(G_last - Gc, dt)).view(-1, C, Dk)
-            decay = exp_in(G_last, dt).transpose(-1, -2)  # [N, n, Dk, 1]
+        if not _per_channel(g, q):  # one gate per head: broadcast over the feature dimension
+            Gc, G_last = Gc[..., None], G_last[..., None]
+        factors = gate_factors(Gc, dt)
+        if factors is not None:  # exp(G_i - G_j) = exp(G_i) exp(-G_j): the decay rides on q and k
+            e_pos, e_neg = factors
+            q_in = (qc * e_pos).view(-1, C, Dk)
+            A = torch.bmm(q_in, (kc * e_neg).view(-1, C, Dk).transpose(1, 2)).tril_()
         else:
-            G_last = Gc[:, :, -1:]  # [N, n, 1]
-            A = torch.bmm(q2, k2.transpose(1, 2)) * masked_exp_diff(Gc, dt).view(-1, C, C)
-            q_in = (qc * exp_in(Gc, dt)[..., None]).view(-1, C, Dk)
-            k_out = (kc * exp_in(G_last - Gc, dt)[..., None]).view(-1, C, Dk)
-            decay = exp_in(G_last, dt)[..., None]  # [N, n, 1, 1]
+            q_in = (qc * exp_in(Gc, dt)).view(-1, C, Dk)
+            if _per_channel(g, q):
+                A = _intra_per_channel(qc, kc, Gc).view(-1, C, C)
+            else:
+                A = torch.bmm(q2, k2.transpose(1, 2)) * masked_exp_diff(Gc[..., 0], dt).view(-1, C, C)
+        k_out = (kc * exp_in(G_last - Gc, dt)).view(-1, C, Dk)
+        decay = exp_in(G_last, dt).transpose(-1, -2)  # [N, n, Dk or 1, 1]
     dS = torch.bmm(k_out.transpose(1, 2), v2).view(N, n, Dk, Dv)
+    # A loop over chunks, not a weighted sum of all of them: a NaN in chunk c then cannot reach earlier chunks.
     S_before, S_final = ChunkCarry.apply(dS, decay, initial_state.reshape(N, Dk, Dv))
     # o = scale * (Q_in S_before + A V): the second product accumulates in place into the first.
     o = torch.bmm(q_in, S_before.view(-1, Dk, Dv)).baddbmm_(A, v2, beta=scale, alpha=scale)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from linattn.ops.common import exp_in, log_cumsum, masked_exp_diff, to_chunks
+from linattn.ops.common import exp_in, gate_factors, log_cumsum, masked_exp_diff, to_chunks
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
@@ -67,21 +67,26 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
     qc, kc, vc, bc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C), to_chunks(beta, C)  # padded b = 0
     N, n = qc.shape[:2]
     q2, k2, v2, b2 = qc.view(-1, C, Dk), kc.view(-1, C, Dk), vc.view(-1, C, Dv), bc.view(-1, C, 1)
-    kk = torch.bmm(k2, k2.transpose(1, 2))
-    qk = torch.bmm(q2, k2.transpose(1, 2))
     if g is None:
-        A = kk.tril(-1) * b2
-        P = qk.tril_()
+        A = torch.bmm(k2, k2.transpose(1, 2)).tril_(-1) * b2
+        P = torch.bmm(q2, k2.transpose(1, 2)).tril_()
         q_in, k_in, k_out, decay = q2, k2, k2, None
     else:
-        Gc = log_cumsum(to_chunks(g, C), dim=2)  # [N, n, C], float64: see linattn.ops.common.log_cumsum
+        Gc = log_cumsum(to_chunks(g, C), dim=2)[..., None]  # [N, n, C, 1], float64: see common.log_cumsum
         dt = q.dtype
-        A = kk * b2 * masked_exp_diff(Gc, dt, inclusive=False).view(-1, C, C)
-        P = qk * masked_exp_diff(Gc, dt).view(-1, C, C)
-        e_G = exp_in(Gc, dt).view(-1, C, 1)
-        q_in, k_in = q2 * e_G, k2 * e_G
-        k_out = k2 * exp_in(Gc[..., -1:] - Gc, dt).view(-1, C, 1)
-        decay = exp_in(Gc[..., -1], dt).view(-1, 1, 1)  # [N*n, 1, 1]
+        factors = gate_factors(Gc, dt)
+        e_G = exp_in(Gc, dt) if factors is None else factors[0]
+        q_in, k_in = (qc * e_G).view(-1, C, Dk), (kc * e_G).view(-1, C, Dk)
+        if factors is not None:  # exp(G_i - G_j) = exp(G_i) exp(-G_j): the decay rides on q and k
+            k_back = (kc * factors[1]).view(-1, C, Dk).transpose(1, 2)
+            A = torch.bmm(k_in, k_back).tril_(-1) * b2
+            P = torch.bmm(q_in, k_back).tril_()
+        else:
+            decay_ij = masked_exp_diff(Gc[..., 0], dt).view(-1, C, C)  # the solve below ignores its diagonal
+            A = torch.bmm(k2, k2.transpose(1, 2)) * b2 * decay_ij
+            P = torch.bmm(q2, k2.transpose(1, 2)) * decay_ij
+        k_out = (kc * exp_in(Gc[:, :, -1:] - Gc, dt)).view(-1, C, Dk)
+        decay = exp_in(Gc[:, :, -1, 0], dt).view(-1, 1, 1)  # [N*n, 1, 1]
     rhs = torch.cat([v2 * b2, k_in * b2], dim=-1)
     # A is strictly lower triangular: I + A is unit lower triangular, a triangular solve rather than an inverse.
     # (No half-precision triangular solve exists on every device: solve those in float32.)
