@@ -175,12 +175,14 @@ def _split(S_aug: torch.Tensor, normalize: bool) -> State:
     return State(S_aug[..., :-1], S_aug[..., -1]) if normalize else State(S_aug)
 
 
-def _read(num_den: torch.Tensor, eps: float, eps_mode: str) -> torch.Tensor:
+def _read(num_den: torch.Tensor, eps: float, eps_mode: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """num / den with the library's single epsilon convention; the last column holds den."""
     num, den = num_den[..., :-1], num_den[..., -1:]
     if eps_mode == "add":
-        return num / (den + eps) if eps else num / den
-    return num / den.clamp_min(eps)
+        den = den + eps if eps else den
+    else:
+        den = den.clamp_min(eps)
+    return torch.div(num, den) if out is None else torch.div(num, den, out=out)
 
 
 def linear_attention(
@@ -257,30 +259,47 @@ def linear_attention(
     # The chunk form runs over slabs of whole chunks, carrying the state: the same arithmetic, but each slab's
     # temporaries stay in cache and peak memory stays bounded however long the sequence. Other forms take it whole.
     slab = _slab_tokens(B * H, Dk + Dv, chunk_size, torch.finfo(dtype).bits // 8) if form == "chunk" else T
+    # Without autograd, each slab writes its share of the output in place (the division is that write).
+    tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
+    out = None if grad else torch.empty(B, T, H, Dv, dtype=v.dtype, device=v.device)
     pieces = []
-    for t0 in range(0, T, slab):
-        part = slice(t0, t0 + slab)
-        qf, kf, scale_ = _features(q[:, part].to(dtype), k[:, part].to(dtype), fmap, scale)
+
+    # torch.split, not slicing: autograd then joins the slabs' gradients in one concatenation, where each slice
+    # would get a zero-filled gradient of the whole sequence (quadratic in the number of slabs).
+    def slabs(x):
+        return [None] * len(range(0, T, slab)) if x is None else x.split(slab, dim=1)
+
+    t0 = 0
+    for qs, ks, vs, gs, bs in zip(slabs(q), slabs(k), slabs(v), slabs(g), slabs(beta), strict=True):
+        part = slice(t0, t0 + qs.shape[1])
+        t0 = part.stop
+        qf, kf, scale_ = _features(qs.to(dtype), ks.to(dtype), fmap, scale)
         if dtype == torch.float16:  # narrow range: scale before the products rather than after them
             qf, scale_ = qf * scale_, 1.0
 
         # Internal layout [B, H, T, D]: each (batch, head) pair is one sequence for the batched matmuls.
-        def heads_first(x, part=part):
-            return None if x is None else x[:, part].transpose(1, 2).to(dtype)
+        def heads_first(x):
+            return None if x is None else x.transpose(1, 2).to(dtype)
 
-        vh = heads_first(v)
+        vh = heads_first(vs)
         if normalize:  # z is the memory of a constant value 1: carry it as one more value column
             vh = torch.cat([vh, torch.ones_like(vh[..., :1])], dim=-1)
         # The kernels apply the scale themselves (the chunk form folds it into its matmuls at no cost).
         o, S = mod.FORMS[form](
-            qf.transpose(1, 2), kf.transpose(1, 2), vh, g=heads_first(g), beta=heads_first(beta),
+            qf.transpose(1, 2), kf.transpose(1, 2), vh, g=heads_first(gs), beta=heads_first(bs),
             initial_state=S, chunk_size=chunk_size, scale=scale_,
         )
-        if normalize:
-            o = _read(o, eps, eps_mode)
-        pieces.append(o.transpose(1, 2))
-    o = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0].contiguous()
-    return o.to(v.dtype), (_split(S, normalize) if output_final_state else None)
+        o = o.transpose(1, 2)
+        if out is not None and normalize:
+            _read(o, eps, eps_mode, out=out[:, part])
+        elif out is not None:
+            out[:, part].copy_(o)
+        else:
+            pieces.append(_read(o, eps, eps_mode) if normalize else o)
+    if out is None:
+        out = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0].contiguous()).to(v.dtype)
+    return out, (_split(S, normalize) if output_final_state else None)
 
 
 def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budget: int = 4 << 20) -> int:
