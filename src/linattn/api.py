@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 import torch
+import torch.nn.functional as F
 
 from linattn.feature_maps import FeatureMap, resolve_feature_map
 from linattn.state import State
@@ -299,7 +300,8 @@ def linear_attention(
             pieces.append(_read(o, eps, eps_mode) if normalize else o)
     if out is None:
         out = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0].contiguous()).to(v.dtype)
-    return out, (_split(S, normalize) if output_final_state else None)
+    # (The chunk form carries a half-precision state in float32 between slabs; it is stored as asked at the end.)
+    return out, (_split(S.to(dtype), normalize) if output_final_state else None)
 
 
 def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budget: int = 4 << 20) -> int:
@@ -346,7 +348,11 @@ def step(
         raise TypeError(f"state must be a linattn.State or None, got {type(state).__name__}")
     dtype = _compute_dtype(q.dtype, state_dtype or (None if state is None else state.dtype))
     qf, kf, scale = _features(q.to(dtype), k.to(dtype), resolve_feature_map(feature_map), scale)
-    qf = qf * scale
+    # Decode is dominated by per-op overhead, so save one: with the normalizer, (s q)^T S / ((s q)^T z + eps)
+    # equals q^T S / (q^T z + eps / s) for s > 0 (clamp alike), and the scale moves into eps.
+    fold_scale = normalize and scale > 0
+    if not fold_scale:
+        qf = qf * scale
     Dk = qf.shape[-1]
     _check_gate_and_beta(rule, g, beta, (B, H), Dk, q.device)
     if state is None:
@@ -357,7 +363,7 @@ def step(
             raise ValueError(f"inplace=True needs the state in {dtype}, got {state.dtype}")
     vv = v.to(dtype)
     if normalize:
-        vv = torch.cat([vv, torch.ones_like(vv[..., :1])], dim=-1)
+        vv = F.pad(vv, (0, 1), value=1.0)  # the value column of ones that z remembers
         S = _augmented(state, dtype)
     else:
         S = state.S.to(dtype)
@@ -371,5 +377,5 @@ def step(
         inplace=inplace,
     )
     if normalize:
-        o = _read(o, eps, eps_mode)
+        o = _read(o, eps / scale if fold_scale else eps, eps_mode)
     return o.to(v.dtype), _split(S, normalize)

@@ -19,6 +19,11 @@ def to_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.reshape(B * H, (T + pad) // C, C, *x.shape[3:]).contiguous()
 
 
+def carry_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of the running state carried across chunks: float32 at least (see ``ChunkCarry``)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def log_cumsum(g: torch.Tensor, dim: int) -> torch.Tensor:
     """Cumulative log-gate in float64.
 
@@ -63,8 +68,8 @@ class ChunkCarry(torch.autograd.Function):
     """The state entering each chunk: S_0 = initial, S_{c+1} = a_c * S_c + dS_c.
 
     Inputs: dS ``[N, n, Dk, Dv]`` (each chunk's own writes, already decayed to its end), decay ``None`` or
-    ``[N, n, 1 or Dk, 1]`` (the chunk's total gate), S0 ``[N, Dk, Dv]``. Returns (S_before ``[N, n, Dk, Dv]``,
-    S_final ``[N, Dk, Dv]``).
+    ``[N, n, 1 or Dk, 1]`` (the chunk's total gate), S0 ``[N, Dk, Dv]``. Returns (S_before ``[N, n, Dk, Dv]`` in
+    dS's dtype, S_final ``[N, Dk, Dv]`` in ``carry_dtype``).
 
     A hand-written backward because autograd through a Python loop of n slices would keep n graph nodes and
     copy the whole buffer at each; here both directions are one fused multiply-add per chunk into one buffer.
@@ -74,6 +79,12 @@ class ChunkCarry(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, dS, decay, S0):
+        # The running sum is kept in float32 even for a half-precision state: adding many small chunk writes to
+        # a large bfloat16 state rounds them away. The states the chunks read are stored in dS's dtype.
+        acc = carry_dtype(dS.dtype)
+        ctx.dtypes = (dS.dtype, None if decay is None else decay.dtype, S0.dtype)
+        dS, S0 = dS.to(acc), S0.to(acc)
+        decay = None if decay is None else decay.to(acc)
         n = dS.shape[1]
         S_before = torch.empty_like(dS)
         S_before[:, 0] = S0
@@ -85,16 +96,14 @@ class ChunkCarry(torch.autograd.Function):
         last = S_before[:, -1] if decay is None else decay[:, -1] * S_before[:, -1]
         S_final = last + dS[:, -1]
         ctx.save_for_backward(decay, S_before)
-        return S_before, S_final
+        return S_before.to(ctx.dtypes[0]), S_final
 
     @staticmethod
     def backward(ctx, grad_before, grad_final):
         decay, S_before = ctx.saved_tensors
         n = S_before.shape[1]
-        if grad_before is None:
-            grad_before = torch.zeros_like(S_before)
-        if grad_final is None:
-            grad_final = torch.zeros_like(S_before[:, 0])
+        grad_before = torch.zeros_like(S_before) if grad_before is None else grad_before.to(S_before.dtype)
+        grad_final = torch.zeros_like(S_before[:, 0]) if grad_final is None else grad_final.to(S_before.dtype)
         grad_dS = torch.empty_like(S_before)
         grad_dS[:, -1] = grad_final
         for c in range(n - 1, 0, -1):
@@ -106,5 +115,5 @@ class ChunkCarry(torch.autograd.Function):
         grad_decay = None
         if decay is not None and ctx.needs_input_grad[1]:
             sum_dims = [d for d in (-2, -1) if decay.shape[d] == 1]
-            grad_decay = (grad_dS * S_before).sum(dim=sum_dims, keepdim=True)
-        return grad_dS, grad_decay, grad_S0
+            grad_decay = (grad_dS * S_before).sum(dim=sum_dims, keepdim=True).to(ctx.dtypes[1])
+        return grad_dS.to(ctx.dtypes[0]), grad_decay, grad_S0.to(ctx.dtypes[2])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from linattn.ops.common import exp_in, gate_factors, log_cumsum, masked_exp_diff, to_chunks
+from linattn.ops.common import carry_dtype, exp_in, gate_factors, log_cumsum, masked_exp_diff, to_chunks
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
@@ -97,11 +97,13 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
     identity = torch.eye(Dk, dtype=A.dtype, device=A.device)
     M = (identity if decay is None else decay * identity) - torch.bmm(k_out_t, W)  # [N*n, Dk, Dk]
     Nw = torch.bmm(k_out_t, U)  # [N*n, Dk, Dv]
-    M, Nw = M.view(N, n, Dk, Dk), Nw.view(N, n, Dk, Dv)
-    states = [initial_state.reshape(N, Dk, Dv)]
+    # The running state is carried in float32 at least (see linattn.ops.common.ChunkCarry).
+    acc = carry_dtype(q.dtype)
+    M, Nw = M.view(N, n, Dk, Dk).to(acc), Nw.view(N, n, Dk, Dv).to(acc)
+    states = [initial_state.reshape(N, Dk, Dv).to(acc)]
     for c in range(n):
         states.append(torch.baddbmm(Nw[:, c], M[:, c], states[-1]))
-    S_before = torch.stack(states[:-1], dim=1).view(-1, Dk, Dv)
+    S_before = torch.stack(states[:-1], dim=1).view(-1, Dk, Dv).to(q.dtype)
     o = torch.bmm(q_in - torch.bmm(P, W), S_before).baddbmm_(P, U, beta=scale, alpha=scale)
     return o.view(B, H, n * C, Dv)[:, :, :T], states[-1].view(B, H, Dk, Dv)
 
