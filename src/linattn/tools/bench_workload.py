@@ -10,10 +10,7 @@ state ``(S, z)`` after the same L-1 history tokens (prefilled with ``linattn.lin
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +22,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, DTYPES, FEATURES, MIB, Plan, rule_extras
+from linattn.tools.profiling import cpu_peak_bytes
 
 # Absolute tolerance on the state path's output (values of size ~1) against float64, set by the coarsest dtype
 # in play: inputs and the feature map run in --dtype, the recurrence in --state-dtype.
@@ -180,37 +178,9 @@ def _build(plan: Plan, tokens: Tokens, length: int, rule: str | None) -> DecodeP
 
 
 # ---------------------------------------------------------------------------------------------------- timing
-@contextlib.contextmanager
-def _native_stderr_silenced():
-    """Kineto writes 'profiler_start/stop' lines straight to fd 2; keep them out of the progress bar."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def cpu_transient_peak(step: Callable[[], torch.Tensor], steps: int = 3) -> int | None:
     """Highest live allocation (bytes) above the starting point over ``steps`` calls, from allocator events."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with _native_stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for _ in range(steps):
-            step()
-    try:
-        events = prof.profiler.kineto_results.events()
-    except AttributeError:
-        return None
-    deltas = [(e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"]
-    live = peak = 0
-    for _, nbytes in sorted(deltas, key=lambda d: d[0]):  # stable: ties keep the recorded order
-        live += nbytes
-        peak = max(peak, live)
-    return peak
+    return cpu_peak_bytes(step, calls=steps)
 
 
 def _stats_ms(samples_ms: Sequence[float]) -> dict[str, float]:

@@ -9,7 +9,6 @@ the targets of issue 5 (judged and rendered in :mod:`linattn.tools.perf_report`)
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import gc
 import math
@@ -33,6 +32,7 @@ from tqdm import tqdm
 import linattn
 from linattn.tools import perf_peers as pp
 from linattn.tools.perf_report import attach_ratios, evaluate_targets, render_markdown
+from linattn.tools.profiling import cpu_peak_bytes
 from linattn.tools.results import atomic_write, write_result
 
 SCHEMA = "linattn.perf/1"
@@ -230,36 +230,10 @@ def _measure(fn: Callable[[], object], repeats: int, min_sample_s: float, budget
             "warmup_s": warm}
 
 
-@contextlib.contextmanager
-def _quiet_fd2():
-    """Silence file descriptor 2: torch's profiler backend prints start/stop lines there from C++."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def peak_bytes(fn: Callable[[], object]) -> int:
     """Peak bytes held by torch's CPU allocator during one call, above what was live before it (inputs excluded,
-    outputs and autograd buffers included): the running sum of torch.profiler's memory events."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with _quiet_fd2(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
-        del out
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    cur = peak = 0
-    for _, nbytes in events:
-        cur += nbytes
-        peak = max(peak, cur)
-    return peak
+    outputs and autograd buffers included); see linattn.tools.profiling."""
+    return cpu_peak_bytes(fn) or 0
 
 
 def machine_rates(cfg: PerfConfig, state_numel: int) -> dict[str, Any]:
