@@ -42,7 +42,7 @@ def main() -> None:
     print("|---|" + "---|" * len(sizes))
     with torch.no_grad():
         for name, run in cases.items():
-            print(f"| {name} | " + " | ".join(f"{median_ms(lambda c=c: run(c)):.1f}" for c in sizes) + " |")
+            print(f"| {name} | " + " | ".join(f"{median_ms(lambda c=c, run=run: run(c)):.1f}" for c in sizes) + " |")
 
 
 if __name__ == "__main__":
