@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 
 import torch
-import torch.nn.functional as F
 
 from linattn.feature_maps import FeatureMap, resolve_feature_map
 from linattn.state import State
@@ -172,6 +171,11 @@ def _augmented(state: State, dtype) -> torch.Tensor:
     return torch.cat([S, z.unsqueeze(-1)], dim=-1).to(dtype)
 
 
+def _with_ones_column(v: torch.Tensor) -> torch.Tensor:
+    """[v | 1]: z is the memory of a constant value 1, carried as one more value column (a contiguous copy)."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+
+
 def _split(S_aug: torch.Tensor, normalize: bool) -> State:
     return State(S_aug[..., :-1], S_aug[..., -1]) if normalize else State(S_aug)
 
@@ -283,9 +287,7 @@ def linear_attention(
         def heads_first(x):
             return None if x is None else x.transpose(1, 2).to(dtype)
 
-        vh = heads_first(vs)
-        if normalize:  # z is the memory of a constant value 1: carry it as one more value column
-            vh = torch.cat([vh, torch.ones_like(vh[..., :1])], dim=-1)
+        vh = _with_ones_column(heads_first(vs)) if normalize else heads_first(vs)
         # The kernels apply the scale themselves (the chunk form folds it into its matmuls at no cost).
         o, S = mod.FORMS[form](
             qf.transpose(1, 2), kf.transpose(1, 2), vh, g=heads_first(gs), beta=heads_first(bs),
@@ -305,7 +307,8 @@ def linear_attention(
 
 
 def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budget: int = 4 << 20) -> int:
-    """Tokens per slab of the chunk form: whole chunks, about ``budget`` bytes of q, k, v over all heads.
+    """Tokens per slab of the chunk form: whole chunks whose ``width`` (Dk + Dv) columns over all heads take about
+    ``budget`` bytes.
 
     4 MiB was the fastest of 1-16 MiB measured on a 2-core Xeon with 2 MiB of L2 per core (H=8, D=64, T=8192).
     """
@@ -363,7 +366,7 @@ def step(
             raise ValueError(f"inplace=True needs the state in {dtype}, got {state.dtype}")
     vv = v.to(dtype)
     if normalize:
-        vv = F.pad(vv, (0, 1), value=1.0)  # the value column of ones that z remembers
+        vv = _with_ones_column(vv)
         S = _augmented(state, dtype)
     else:
         S = state.S.to(dtype)

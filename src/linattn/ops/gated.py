@@ -43,14 +43,16 @@ def step(q, k, v, *, g=None, beta=None, state, inplace=False):
     """One token: q, k [B, H, Dk], v [B, H, Dv], g [B, H] or [B, H, Dk], state [B, H, Dk, Dv]."""
     B, H, Dk = k.shape
     Dv = v.shape[-1]
+    # per head [B, H] -> [B, H, 1, 1]; per channel [B, H, Dk] -> [B, H, Dk, 1]
+    decay = None if g is None else (g.exp()[..., None] if g.dim() == 3 else g.exp()[..., None, None])
     if inplace:
-        if g is not None:
-            state.mul_(g.exp()[..., None] if g.dim() == 3 else g.exp()[..., None, None])
+        if decay is not None:
+            state.mul_(decay)
         # S += k v^T without materializing the outer product: one read and one write of the state.
         state.view(B * H, Dk, Dv).baddbmm_(k.reshape(B * H, Dk, 1), v.reshape(B * H, 1, Dv))
         S = state
     else:
-        S = state if g is None else state * (g.exp()[..., None] if g.dim() == 3 else g.exp()[..., None, None])
+        S = state if decay is None else state * decay
         S = S + k[..., :, None] * v[..., None, :]
     o = torch.matmul(q.unsqueeze(-2), S).squeeze(-2)
     return o, S

@@ -46,6 +46,12 @@ def _find(results, group, variant, impl, B, T=None):
     return None
 
 
+def _detail(measured, missing: list[str]) -> str:
+    """'a 1.2x, b 3.4x; not measured: c' for a target's detail column."""
+    parts = [", ".join(measured)] + (["not measured: " + ", ".join(missing)] if missing else [])
+    return "; ".join(p for p in parts if p)
+
+
 def _target(tid: str, description: str, threshold: float, value: float | None, unit: str, detail: str,
             *, at_most: bool = False) -> dict[str, Any]:
     if value is None:
@@ -107,9 +113,7 @@ def evaluate_targets(results: list[dict], rates: dict, cfg: PerfConfig, checks: 
                 else:
                     missing.append(variant)
             worst = max(ratios, key=ratios.get) if ratios else None
-            detail = ", ".join(f"{v} {x:.2f}x" for v, x in ratios.items())
-            if missing:
-                detail += ("; " if detail else "") + "not measured: " + ", ".join(missing)
+            detail = _detail((f"{v} {x:.2f}x" for v, x in ratios.items()), missing)
             what = "forward" if group == "fwd" else "forward+backward"
             out.append(_target(f"{group}_linear_{metric.replace(' ', '_')}",
                                f"chunk {what} {metric}: T={Tl} costs <= {bound:g}x T={T} (all variants; worst shown)",
@@ -123,9 +127,7 @@ def evaluate_targets(results: list[dict], rates: dict, cfg: PerfConfig, checks: 
         else:
             missing.append(variant)
     worst = min(fracs, key=fracs.get) if fracs else None
-    detail = ", ".join(f"{v} {x:.0%}" for v, x in fracs.items())
-    if missing:
-        detail += ("; " if detail else "") + "not measured: " + ", ".join(missing)
+    detail = _detail((f"{v} {x:.0%}" for v, x in fracs.items()), missing)
     out.append(_target(f"decode_b{Bd}_copy_fraction",
                        f"decode step at batch {Bd} >= 30% of copy bandwidth for the bytes it must move (worst shown)",
                        0.30, None if missing or worst is None else fracs[worst], "fraction", detail))
