@@ -1,4 +1,4 @@
-"""The float64 reference against NOTES.md's worked examples, and every torch form against the same examples.
+"""The float64 reference against docs/mechanism.md's worked examples, and every torch form against them.
 
 The examples use small integers and halves, so float64 gets them exactly (up to the last bit where a division
 or an exp of a log is involved): the bound is 1e-14 relative, far below anything a wrong formula would give.
@@ -37,7 +37,7 @@ def t64(values, shape) -> torch.Tensor:
 
 
 def accumulate_example():
-    """NOTES.md 1: phi(k) = [1,0], [0,1], [1,1]; v = 2, 4, 3; phi(q) = [2, 1] -> S = [5, 7], z = [2, 2], y = 17/6."""
+    """mechanism §1: phi(k) = [1,0], [0,1], [1,1]; v = 2, 4, 3; phi(q) = [2, 1] -> S = [5, 7], z = [2, 2], y = 17/6."""
     k = t64([[1, 0], [0, 1], [1, 1]], (1, 3, 1, 2))
     q = t64([[2, 1]] * 3, (1, 3, 1, 2))
     v = t64([2, 4, 3], (1, 3, 1, 1))
@@ -47,14 +47,14 @@ def accumulate_example():
 
 
 def gated_example(per_channel: bool):
-    """NOTES.md 2: features 1, v = 2, 4, 8, alpha = 0.5: S = 2, 5, 10.5; z = 1, 1.5, 1.75; y = 2, 10/3, 6."""
+    """docs/mechanism.md §2: features 1, v = 2, 4, 8, alpha = 0.5: S = 2, 5, 10.5; z = 1, 1.5, 1.75; y = 2, 10/3, 6."""
     ones = torch.ones(1, 3, 1, 1, dtype=torch.float64)
     g = torch.full((1, 3, 1, 1) if per_channel else (1, 3, 1), math.log(0.5), dtype=torch.float64)
     return ones, ones.clone(), t64([2, 4, 8], (1, 3, 1, 1)), {"g": g}, [2.0, 10 / 3, 6.0]
 
 
 def delta_example(gated: bool):
-    """NOTES.md 3: unit key, v = 5, beta = 0.5, S from 2: S = 3.5, 4.25, 4.625 (y = S with a unit query)."""
+    """docs/mechanism.md §3: unit key, v = 5, beta = 0.5, S from 2: S = 3.5, 4.25, 4.625 (y = S with a unit query)."""
     ones = torch.ones(1, 3, 1, 1, dtype=torch.float64)
     kwargs = {"beta": torch.full((1, 3, 1), 0.5, dtype=torch.float64)}
     if gated:  # alpha = 1 (g = 0) leaves the delta rule unchanged
@@ -165,7 +165,7 @@ def test_scan_equals_general_reference_with_relu1():
 
 
 def test_repeated_pair_keeps_output_at_value():
-    """NOTES.md 'Why z': one key/value pair repeated m times reads back v, whatever m."""
+    """docs/mechanism.md "Why z": one key/value pair repeated m times reads back v, whatever m."""
     q = np.tile(np.array([0.3, -1.0]), (50, 1))
     v = np.tile(np.array([2.5, -7.0]), (50, 1))
     outputs, _, z = reference.linear_attention_scan(q, q, v)

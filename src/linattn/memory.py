@@ -1,6 +1,6 @@
 """What the state costs: bytes of a fixed linear-attention state against a growing KV cache, for hybrids too.
 
-Pure arithmetic, no torch. The building blocks are the three formulas of NOTES §4::
+Pure arithmetic, no torch. The building blocks are the three formulas of docs/mechanism.md §4::
 
     state_bytes(B, L, H, r, dv, b)            = B·L·H·(r·dv + r)·b      (no "+ r" without a normalizer)
     kv_cache_bytes(B, L, H_kv, d, T, b)       = B·L·H_kv·2·T·d·b
@@ -487,7 +487,7 @@ def memory_report(
 
     Three models are compared at every T: ``all_full`` (every layer keeps the KV cache of the full layers),
     ``all_linear`` (every layer keeps the linear state) and ``hybrid`` (the plan as given). ``kv_dtype`` and
-    ``conv_dtype`` default to the model's dtype; the state defaults to float32 (NOTES §5). Returns a JSON-ready
+    ``conv_dtype`` default to the model's dtype; the state defaults to float32 (mechanism §5). Returns a JSON-ready
     dict; all byte counts are Python ints.
     """
     B = _check_int("batch", batch)

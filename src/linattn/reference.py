@@ -1,11 +1,11 @@
 """Float64 NumPy ground truth for every rule: plain loops, written to be read, not to be fast.
 
-Everything here follows ``NOTES.md`` literally, one token at a time, so that each fast torch form in
+Everything here follows ``docs/mechanism.md`` literally, one token at a time, so that each fast torch form in
 :mod:`linattn.ops` can be checked against it. No torch import: the reference must not share code with what it
 checks.
 
 * :func:`positive_feature_map` and :func:`linear_attention_scan`: the basic normalized linear attention of one
-  head on ``[T, D]`` arrays (NOTES.md section 1).
+  head on ``[T, D]`` arrays (docs/mechanism.md §1).
 * :func:`linear_attention`: all four rules with the torch API's layout ``[B, T, H, D]`` and arguments.
 """
 
@@ -42,7 +42,7 @@ def _check_2d(name: str, x: object) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# NOTES.md section 1 on one head: phi = relu + 1, exact division, current token included.
+# docs/mechanism.md §1 on one head: phi = relu + 1, exact division, current token included.
 
 
 def positive_feature_map(x: object) -> np.ndarray:

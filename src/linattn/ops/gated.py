@@ -3,7 +3,7 @@
 ``g`` is ``[B, H, T]`` (one gate per head) or ``[B, H, T, Dk]`` (one per key channel), or ``None``: then a = 1 and
 this is plain accumulating linear attention (``linattn.ops.accumulate`` reuses these kernels), with all decay
 work skipped. Gates stay in log space; inside a chunk only differences G_i - G_j of cumulative sums with j <= i
-are exponentiated, so nothing overflows however small the gates (see NOTES.md section 2).
+are exponentiated, so nothing overflows however small the gates (see docs/mechanism.md §2).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def _l2norm_np(x: np.ndarray) -> np.ndarray:
 
 
 # Per rule: (feature-map name, torch map, NumPy twin for the reference). Normalized rules need positive features;
-# the delta rules write with unit keys so that beta in (0, 1) keeps the write stable (NOTES.md section 3).
+# the delta rules write with unit keys so that beta in (0, 1) keeps the write stable (docs/mechanism.md §3).
 FEATURES: dict[str, tuple[str, Any, Any]] = {
     "accumulate": ("relu1", "relu1", "relu1"),
     "gated": ("relu1", "relu1", "relu1"),

@@ -478,7 +478,7 @@ def check_chunk_gradients(name: str, tol: float, seed: int) -> CheckResult:
 
 @_check("normalizer keeps repeated value")
 def check_normalizer_repeated_value(name: str, tol: float, seed: int) -> CheckResult:
-    """NOTES "Why z": one key/value repeated m times reads back exactly v; without z the output is t (q.k) v."""
+    """mechanism "Why z": one key/value repeated m times reads back exactly v; without z the output is t (q.k) v."""
     gen = _generator(seed, name)
     B, T, H, D, Dv = 2, 50, 2, 6, 3
     k = (F.relu(_randn(gen, B, 1, H, D)) + 1).expand(B, T, H, D)  # positive features, one key for all tokens
@@ -497,7 +497,7 @@ def check_normalizer_repeated_value(name: str, tol: float, seed: int) -> CheckRe
 
 @_check("segment state composes affinely")
 def check_segments_compose(name: str, tol: float, seed: int) -> CheckResult:
-    """NOTES section 6: a segment maps its incoming state affinely, S_out = P S_in + Q, P from a direct product.
+    """docs/mechanism.md §6: a segment maps its incoming state affinely, S_out = P S_in + Q, P from a direct product.
 
     Q is the segment run from a zero state; P = prod_t a_t (I - beta_t k_t k_t^T) in token order (gated delta),
     or prod_t diag(a_t) (per-channel gated, with z composed the same way).
@@ -563,9 +563,9 @@ def check_bfloat16(name: str, tol: float, seed: int) -> CheckResult:
     return _low_precision(name, tol, seed, torch.bfloat16)
 
 
-@_check("worked example: kernel (NOTES 1)")
+@_check("worked example: kernel (mechanism §1)")
 def check_worked_example_kernel(name: str, tol: float, seed: int) -> CheckResult:
-    """NOTES section 1: phi(k) = [1,0],[0,1],[1,1], v = 2,4,3 gives S = [5,7], z = [2,2]; phi(q) = [2,1] reads 17/6."""
+    """mechanism §1: phi(k) = [1,0],[0,1],[1,1], v = 2,4,3 gives S = [5,7], z = [2,2]; phi(q) = [2,1] reads 17/6."""
 
     def pairs():
         k = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64).view(1, 3, 1, 2)
@@ -581,9 +581,9 @@ def check_worked_example_kernel(name: str, tol: float, seed: int) -> CheckResult
     return compare(name, tol, pairs())
 
 
-@_check("worked example: gate (NOTES 2)")
+@_check("worked example: gate (mechanism §2)")
 def check_worked_example_gate(name: str, tol: float, seed: int) -> CheckResult:
-    """NOTES section 2: features 1, v = 2, 4, 8, alpha = 0.5: S = 2, 5, 10.5; z = 1, 1.5, 1.75; y = 2, 10/3, 6."""
+    """docs/mechanism.md §2: features 1, v = 2, 4, 8, alpha = 0.5: S = 2, 5, 10.5; z = 1, 1.5, 1.75; y = 2, 10/3, 6."""
 
     def pairs():
         ones = torch.ones(1, 3, 1, 1, dtype=F64)
@@ -601,9 +601,9 @@ def check_worked_example_gate(name: str, tol: float, seed: int) -> CheckResult:
     return compare(name, tol, pairs())
 
 
-@_check("worked example: delta (NOTES 3)")
+@_check("worked example: delta (mechanism §3)")
 def check_worked_example_delta(name: str, tol: float, seed: int) -> CheckResult:
-    """NOTES section 3: unit key, v = 5, beta = 0.5, S starting at 2: S = 3.5, 4.25, 4.625."""
+    """docs/mechanism.md §3: unit key, v = 5, beta = 0.5, S starting at 2: S = 3.5, 4.25, 4.625."""
 
     def pairs():
         ones = torch.ones(1, 3, 1, 1, dtype=F64)

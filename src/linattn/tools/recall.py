@@ -125,7 +125,7 @@ def retrieve(
     if mech.alpha is not None:
         kw["g"] = write * math.log(mech.alpha)  # alpha = 1 on reading tokens: reading does not decay the memory
     if mech.kind in ("delta", "gated_delta"):
-        kw["beta"] = write.clone()  # beta = 1: with a unit key one write stores v exactly (NOTES.md section 3)
+        kw["beta"] = write.clone()  # beta = 1: with a unit key one write stores v exactly (docs/mechanism.md §3)
     o, _ = linattn.linear_attention(q[:, :, None], k[:, :, None], v[:, :, None], rule=mech.kind, form="chunk",
                                     feature_map=None, **kw)
     return o[:, T:, 0]
