@@ -24,13 +24,26 @@ def carry_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+# Every log-gate is raised to this floor before it is summed. exp(g) is exactly 0 for any g below about -745.1 in
+# float64 (-104 in float32, -17.4 in float16), so every decay product the token loop forms across such a gate is
+# exactly 0 either way: the floor changes no result. It does change what the cumulative sums can hold:
+# * g = -inf (a full reset, e.g. at a document boundary) would make G = -inf from there on, and the differences
+#   G_i - G_j of two such positions -inf - -inf = NaN; so would -inf * 0 in a masked product and in the gradients.
+# * huge finite gates (-1e12, -1e30) would make |G| so large that the float64 sum keeps none of the small gates
+#   after them: at |G| = 1e30 the spacing of float64 numbers is 1e14, and every later G_i - G_j becomes 0.
+# Floored, |G| <= C * 1000 inside a chunk of C tokens, where float64 resolves differences to about 1e-11.
+# Its gradient is 0 below the floor, as is the true one (d exp(g) / dg = exp(g) = 0 there).
+LOG_GATE_FLOOR = -1000.0
+
+
 def log_cumsum(g: torch.Tensor, dim: int) -> torch.Tensor:
-    """Cumulative log-gate in float64.
+    """Cumulative log-gate in float64, each gate first raised to ``LOG_GATE_FLOOR`` (see there: -inf is a reset).
 
     In float32, after a strong decay |G| is large while a later difference G_i - G_j is small, and the
     subtraction cancels catastrophically. Exponents are cast back to the working dtype just before ``exp``.
+    Every form that takes differences or sums of log-gates must form them here, never from raw ``g``.
     """
-    return g.to(torch.float64).cumsum(dim=dim)
+    return g.to(torch.float64).clamp(min=LOG_GATE_FLOOR).cumsum(dim=dim)
 
 
 def exp_in(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

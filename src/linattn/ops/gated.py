@@ -3,7 +3,9 @@
 ``g`` is ``[B, H, T]`` (one gate per head) or ``[B, H, T, Dk]`` (one per key channel), or ``None``: then a = 1 and
 this is plain accumulating linear attention (``linattn.ops.accumulate`` reuses these kernels), with all decay
 work skipped. Gates stay in log space; inside a chunk only differences G_i - G_j of cumulative sums with j <= i
-are exponentiated, so nothing overflows however small the gates (see docs/mechanism.md §2).
+are exponentiated, so nothing overflows however small the gates (see docs/mechanism.md §2). The sums are formed by
+``common.log_cumsum``, which floors each gate first: g = -inf is then an exact reset (the state before it is
+forgotten) in every form, and huge finite gates (-1e30) leave the later small differences intact.
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def scan(q, k, v, *, g=None, beta=None, initial_state, chunk_size=None, scale=1.
     T = q.shape[2]
     q = q * scale
     Bm = k[..., :, None] * v[..., None, :]  # [B, H, T, Dk, Dv]
+    # Raw log-gates suffice here (no floor, unlike the cumulative forms): the scan only adds them, never subtracts,
+    # so -inf + x = -inf and -1e30 + x stay exact decays of exactly 0, and exp(-inf) = 0 has gradient 0.
     if g is None:
         log_a = None
     elif _per_channel(g, q):

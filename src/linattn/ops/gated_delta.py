@@ -60,6 +60,9 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
     Substituting U' makes each chunk an affine map of its incoming state, S <- M_c S + N_c with
     M_c = exp(G_C) I - K_out^T W and N_c = K_out^T U, so the loop over chunks is one small matmul each and the
     outputs are read afterwards in one batched matmul: O = (exp(G) Q - P W) S_c + P U.
+    G comes from ``common.log_cumsum`` (gates floored, so finite): a reset g = -inf inside a chunk makes the
+    decays across it exactly 0, never NaN. That matters beyond the reset's own row: P's masked zeros multiply
+    every row of W in P W, so one NaN row after the reset would spoil the outputs before it too.
     """
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
