@@ -9,6 +9,7 @@ import click
 # name -> (module, attribute of the click command, one-line help shown by `linattn --help`)
 COMMANDS = {
     "bench": ("linattn.tools.bench", "command", "Decode step: explicit KV history vs fixed recurrent state."),
+    "explain": ("linattn.tools.explain", "command", "Interactive offline page: linear attention step by step."),
     "lab": ("linattn.tools.lab", "command", "PASS/FAIL checks that prove the mechanism on random inputs."),
     "memory": ("linattn.tools.memory", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
     "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
