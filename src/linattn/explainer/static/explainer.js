@@ -53,13 +53,13 @@ function lineChart(series, opts) {
   const X = (x) => pad + (W - 2 * pad) * (x - x0) / (x1 - x0 || 1), Y = (y) => H - pad + (2 * pad - H) * (y - y0) / (y1 - y0 || 1);
   const svg = s("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img" });
   svg.append(s("line", { class: "axis", x1: pad, y1: H - pad, x2: W - pad, y2: H - pad }), s("line", { class: "axis", x1: pad, y1: pad / 2, x2: pad, y2: H - pad }));
-  svg.append(s("text", { x: W - pad, y: H - 8, "text-anchor": "end" }, opts.xlabel || ""), s("text", { x: 4, y: 14 }, opts.ylabel || ""));
+  svg.append(s("text", { x: W / 2, y: H - 8, "text-anchor": "middle" }, opts.xlabel || ""), s("text", { x: 4, y: 14 }, opts.ylabel || ""));
+  svg.append(s("text", { x: X(x0), y: H - pad + 16, "text-anchor": "middle" }, fmt(x0, 3)), s("text", { x: X(x1), y: H - pad + 16, "text-anchor": "middle" }, fmt(x1, 3)));
   svg.append(s("text", { x: pad - 4, y: Y(y1) + 4, "text-anchor": "end" }, fmt(y1, 3)), s("text", { x: pad - 4, y: Y(y0) + 4, "text-anchor": "end" }, fmt(y0, 3)));
   series.forEach((ser, n) => {
     const d = ser.points.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + " " + Y(p[1]).toFixed(1)).join(" ");
     svg.append(s("path", { d, fill: "none", stroke: ser.color, "stroke-width": 2.5, "stroke-dasharray": ser.dash || "" }));
-    const last = ser.points[ser.points.length - 1];
-    svg.append(s("text", { x: X(last[0]) - 4, y: Y(last[1]) - 6 - 12 * (n % 2), "text-anchor": "end", fill: ser.color }, ser.label));
+    svg.append(s("text", { x: W - 4, y: 14 + 15 * n, "text-anchor": "end", fill: ser.color }, "— " + ser.label));
   });
   (opts.marks || []).forEach((m) => svg.append(s("line", { x1: X(m), x2: X(m), y1: pad / 2, y2: H - pad, stroke: "#c2571a", "stroke-dasharray": "4 3" })));
   return svg;

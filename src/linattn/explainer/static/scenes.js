@@ -99,6 +99,10 @@ scene({ id: "tokens", title: T("One token at a time", "一次一个词元"),
       const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0];
       const toks = d.keys.map((k, i) => h("span", { class: "token" + (i === t - 1 ? " active" : "") }, ui("token") + " " + (i + 1) + ": φ(k)=" + vec(k) + ", v=" + d.values[i]));
       const row = h("div", { class: "row" }, box("S", grid(S, { before: sub <= 3 && t ? S0 : null, rowHeads: ["φ₁", "φ₂"] })), box("z", grid(z.map((x) => [x]), { before: sub <= 3 && t ? z0.map((x) => [x]) : null })));
+      if (sub >= 1 && sub <= 3) {
+        const k = d.keys[t - 1], v = d.values[t - 1];
+        row.append(box("+ φ(k" + t + ")v" + t + "ᵀ", grid(k.map((x) => [x * v]))), box("+ φ(k" + t + ")", grid(k.map((x) => [x]))));
+      }
       if (sub === 4) row.append(box("φ(q) = " + vec(d.query), h("div", {}, ui("num") + " = " + fmt(d.num)), h("div", {}, ui("den") + " = " + fmt(d.den)),
         h("div", { class: "big" }, "y = 17/6 ≈ " + fmt(d.y_final, 4))));
       view.replaceChildren(h("div", {}, toks), row);
