@@ -272,3 +272,28 @@ def test_lab_download_link_is_the_lab(page, page_url):
     prefix = "data:text/x-python;charset=utf-8;base64,"
     assert href.startswith(prefix) and page.get_attribute("#lab-download", "download") == "lab.py"
     assert base64.b64decode(href[len(prefix):]).decode("utf-8") == lab_source()
+
+
+def test_turning_the_softmax_query_changes_every_weight(page, page_url):
+    from linattn.explainer.scenes import softmax_scene
+
+    page.goto(page_url)
+    _go_scene(page, "softmax", 1)
+    want = softmax_scene()["queries"][1]  # the slider starts at 90 degrees: q = [0, 1.5]
+    assert f"y = {round(want['y'], 4)}" in page.inner_text("#stage")
+    widths = page.eval_on_selector_all("#stage .bar", "bars => bars.map(b => b.style.width)")
+    page.fill("#softmax-angle", "0")
+    page.dispatch_event("#softmax-angle", "input")
+    moved = page.eval_on_selector_all("#stage .bar", "bars => bars.map(b => b.style.width)")
+    assert len(moved) == 5 and all(a != b for a, b in zip(widths, moved, strict=True))
+
+
+def test_language_buttons_switch_and_keep_the_step(page, page_url):
+    page.goto(page_url + "#step=8")
+    page.click("#lang-zh")
+    assert step(page) == 8 and page.evaluate("new URL(location.href).searchParams.get('lang')") == "zh"
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in page.inner_text("#narration"))
+    page.keyboard.press("ArrowRight")  # the keyboard still drives the page after a click on a button
+    assert step(page) == 9
+    page.click("#lang-en")
+    assert not any("\u4e00" <= ch <= "\u9fff" for ch in page.inner_text("#narration"))

@@ -10,7 +10,7 @@ scene({ id: "intro", title: T("Linear attention, step by step", "线性注意力
     ["k₁v₁", "k₂v₂", "k₃v₃", "…"].forEach((t, i) => {
       svg.append(s("rect", { x: 10 + 62 * i, y: 40, width: 54, height: 36, rx: 6, fill: "#e7f0fa", stroke: "#1f6fb2" }), s("text", { x: 37 + 62 * i, y: 63, "text-anchor": "middle" }, t));
     });
-    svg.append(s("path", { d: "M262 58 L330 58", stroke: "#1d232b", "stroke-width": 2, "marker-end": "" }), s("text", { x: 296, y: 50, "text-anchor": "middle" }, "write"));
+    svg.append(s("path", { d: "M262 58 L330 58", stroke: "#1d232b", "stroke-width": 2 }), s("text", { x: 296, y: 50, "text-anchor": "middle" }, "write"));
     svg.append(s("rect", { x: 335, y: 22, width: 90, height: 72, rx: 8, fill: "#ffd98a", stroke: "#c2571a" }), s("text", { x: 380, y: 55, "text-anchor": "middle" }, "S (r × dv)"), s("text", { x: 380, y: 75, "text-anchor": "middle" }, "z (r)"));
     svg.append(s("path", { d: "M428 58 L490 58", stroke: "#1d232b", "stroke-width": 2 }), s("text", { x: 460, y: 50, "text-anchor": "middle" }, "read q"), s("text", { x: 520, y: 63, "text-anchor": "middle" }, "y"));
     const lab = h("a", { id: "lab-download", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"));
@@ -30,14 +30,28 @@ scene({ id: "softmax", title: T("Softmax attention rereads the whole history", "
     root.append(view);
     return (sub) => {
       view.replaceChildren();
-      if (sub < 2) {
-        const qd = d.queries[sub], max = Math.max(...qd.weights);
+      if (sub === 0) {
+        const qd = d.queries[0], max = Math.max(...qd.weights);
         view.append(box("q = " + vec(qd.q), ...qd.weights.map((w, i) => barRow("k" + (i + 1) + " " + vec(d.keys[i]), w, max))),
           box(ui("out"), h("div", { class: "big" }, "y = Σ wᵢ vᵢ = " + fmt(qd.y, 4)), h("div", { class: "muted" }, "v = " + vec(d.values))));
+      } else if (sub === 1) {
+        // Turn the query: every weight changes (computed here, in the page, from the same keys).
+        const angle = h("input", { type: "range", id: "softmax-angle", min: 0, max: 360, step: 5, value: 90 });
+        const bars = h("div", {});
+        const draw = () => {
+          const th = Number(angle.value) * Math.PI / 180, q = [1.5 * Math.cos(th), 1.5 * Math.sin(th)];
+          const logits = d.keys.map((k) => (q[0] * k[0] + q[1] * k[1]) / Math.SQRT2), top = Math.max(...logits);
+          const e = logits.map((l) => Math.exp(l - top)), sum = e.reduce((a, b) => a + b, 0), w = e.map((x) => x / sum);
+          bars.replaceChildren(box("q = " + vec(q.map((x) => Number(x.toFixed(2)))), ...w.map((x, i) => barRow("k" + (i + 1) + " " + vec(d.keys[i]), x, 1))),
+            box(ui("out"), h("div", { class: "big" }, "y = " + fmt(w.reduce((a, x, i) => a + x * d.values[i], 0), 4))));
+        };
+        angle.addEventListener("input", draw);
+        view.append(h("label", {}, "q ∠ ", angle), bars);
+        draw();
       } else {
         const pts = d.cost.map((c) => [c.n, c.kv_floats]), flat = d.cost.map((c) => [c.n, c.state_floats]);
-        view.append(lineChart([{ points: pts, color: "#1f6fb2", label: "KV cache: 2·n·d" }, { points: flat, color: "#c2571a", label: "state: r·dv + r" }],
-          { xlabel: "n (history)", ylabel: "numbers kept / read per step" }));
+        view.append(lineChart([{ points: pts, color: "#1f6fb2", label: tr(T("KV cache: 2·n·d", "KV 缓存：2·n·d")) }, { points: flat, color: "#c2571a", label: tr(T("state: r·dv + r", "状态：r·dv + r")) }],
+          { xlabel: tr(T("n (history)", "n（历史长度）")), ylabel: tr(T("numbers kept / read per step", "每步保存 / 读取的数")) }));
       }
     };
   } });
@@ -119,7 +133,7 @@ scene({ id: "whyz", title: T("Why z", "为什么需要 z"),
     const draw = () => {
       const m = Number(slider.value), max = d.rows[d.rows.length - 1].unnormalized;
       const row = d.rows[m - 1];
-      out.replaceChildren(h("div", { class: "row" }, box("m = " + m, barRow("with z", row.normalized, max), barRow("without z", row.unnormalized, max, "warm"))));
+      out.replaceChildren(h("div", { class: "row" }, box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max), barRow(tr(T("without z", "无 z")), row.unnormalized, max, "warm"))));
     };
     return draw;
   } });
@@ -151,8 +165,8 @@ scene({ id: "memory", title: T("Dimensions and memory", "维度与内存"),
       const total = inp.B * inp.L * inp.H * (inp.r * inp.dv + inp.r) * b;
       const perHead = (inp.r * inp.dv + inp.r) * b, kvTok = 2 * inp.head_dim * kb;
       const cross = Math.ceil(perHead / kvTok);
-      const res = h("div", { class: "row" }, box("state", h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes")),
-        box("per head", h("div", {}, "state " + bytes(perHead) + " B, KV " + bytes(kvTok) + " B/token"), h("div", { class: "big", id: "mem-cross" }, "T = " + bytes(cross))));
+      const res = h("div", { class: "row" }, box(tr(T("state", "状态")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes")),
+        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B, KV " + bytes(kvTok) + tr(T(" B/token", " B/词元"))), h("div", { class: "big", id: "mem-cross" }, "T = " + bytes(cross))));
       out.replaceChildren(res);
       if (sub === 1) {
         const Ts = [0, 1, 2, 3, 4].map((i) => Math.round(cross * i / 2));
@@ -179,7 +193,7 @@ scene({ id: "gates", title: T("Gates: forgetting", "门控：遗忘"),
         view.append(h("table", { class: "data" }, h("tr", {}, h("th", {}, "t"), h("th", {}, "α"), h("th", {}, "v"), h("th", {}, "S"), h("th", {}, "z"), h("th", {}, "y = S/z")),
           d.S.map((S, t) => h("tr", {}, h("td", {}, t + 1), h("td", {}, d.alpha[t]), h("td", {}, d.values[t]), h("td", {}, fmt(S[0][0])), h("td", {}, fmt(d.z[t][0])), h("td", {}, t === 1 ? "10/3 ≈ " + fmt(d.y[t][0], 4) : fmt(d.y[t][0]))))));
       } else if (sub === 1) {
-        view.append(box("weight of token i (columns) at time t (rows)", grid(d.weights.map((r) => r.map((x) => (x === null ? "" : x))), { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"] })));
+        view.append(box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), grid(d.weights.map((r) => r.map((x) => (x === null ? "" : x))), { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"] })));
       } else {
         const sc = d.scan, svg = s("svg", { width: 600, height: 200, role: "img" });
         const node = (x, y, p, label) => { svg.append(s("rect", { x: x - 58, y, width: 116, height: 34, rx: 6, fill: "#e7f0fa", stroke: "#1f6fb2" }), s("text", { x, y: y + 14, "text-anchor": "middle" }, label), s("text", { x, y: y + 28, "text-anchor": "middle" }, "(" + fmt(p.a) + ", " + fmt(p.B) + ")")); };
@@ -188,7 +202,7 @@ scene({ id: "gates", title: T("Gates: forgetting", "门控：遗忘"),
         [[150, 0], [450, 1]].forEach(([x, i]) => { node(x, 80, sc.level1[i], i ? "4∘3" : "2∘1"); svg.append(s("path", { d: `M${x} 114 L${xs[2 * i]} 150 M${x} 114 L${xs[2 * i + 1]} 150`, stroke: "#5b6470", fill: "none" })); });
         node(300, 10, sc.root, "(4∘3)∘(2∘1)");
         svg.append(s("path", { d: "M300 44 L150 80 M300 44 L450 80", stroke: "#5b6470", fill: "none" }));
-        view.append(svg, h("p", {}, "loop: S₄ = " + fmt(sc.loop_S) + " = B of the root"));
+        view.append(svg, h("p", {}, tr(T("token loop: S₄ = ", "逐词元循环：S₄ = ")) + fmt(sc.loop_S) + tr(T(" = B of the root", " = 根节点的 B"))));
       }
     };
   } });
@@ -206,10 +220,10 @@ scene({ id: "delta", title: T("The delta rule: write only the error", "Delta 规
     return (sub) => {
       view.replaceChildren();
       const c = d.curves[0];
-      if (sub === 0) view.append(h("div", { class: "row" }, c.S.slice(0, 4).map((x, i) => h("span", { class: "token" + (i === 3 ? " active" : "") }, (i ? "write " + i + ": " : "S₀ = ") + fmt(x)))),
+      if (sub === 0) view.append(h("div", { class: "row" }, c.S.slice(0, 4).map((x, i) => h("span", { class: "token" + (i === 3 ? " active" : "") }, (i ? tr(T("write ", "写入 ")) + i + ": " : "S₀ = ") + fmt(x)))),
         h("p", { class: "big", id: "delta-seq" }, c.S.slice(1, 4).map((x) => fmt(x)).join(" → ")));
       else if (sub === 1) view.append(lineChart(d.curves.slice(0, 3).map((cv, i) => ({ points: cv.S.map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta })), { xlabel: "writes", ylabel: "S" }),
-        h("p", {}, "β‖k‖² = 2.5: " + d.curves[3].S.slice(0, 6).map((x) => fmt(x)).join(", ") + " … (diverges)"));
+        h("p", {}, "β‖k‖² = 2.5: " + d.curves[3].S.slice(0, 6).map((x) => fmt(x)).join(", ") + tr(T(" … (diverges)", " …（发散）"))));
       else {
         const slider = h("input", { type: "range", id: "delta-beta", min: 0, max: 2.5, step: 0.05, value: 0.5 });
         const out = h("div", {});
@@ -243,7 +257,7 @@ scene({ id: "chunks", title: T("Chunks: carried state plus the chunk itself", "�
       const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => h("tr", {}, h("td", {}, ci + 1), h("td", {}, c.start + j + 1),
         h("td", {}, fmt(c.inter_num[j]) + " / " + fmt(c.inter_den[j])), h("td", {}, fmt(c.intra_num[j]) + " / " + fmt(c.intra_den[j])),
         h("td", {}, fmt(y, 4)), h("td", {}, fmt(d.loop_y[c.start + j], 4)))));
-      const table = h("table", { class: "data" }, h("tr", {}, h("th", {}, "chunk"), h("th", {}, "t"), h("th", {}, ui("read")), h("th", {}, ui("own")), h("th", {}, "y"), h("th", {}, "loop")), rows);
+      const table = h("table", { class: "data" }, h("tr", {}, h("th", {}, tr(T("chunk", "块"))), h("th", {}, "t"), h("th", {}, ui("read")), h("th", {}, ui("own")), h("th", {}, "y"), h("th", {}, tr(T("token loop", "逐词元循环")))), rows);
       const hand = h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  "));
       out.replaceChildren(toks, table, hand);
       if (sub === 1) out.append(h("p", { class: "big" }, "y₅ = " + fmt(d.num) + "/" + fmt(d.den) + " ≈ " + fmt(d.loop_y[4], 4)));
@@ -270,14 +284,14 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
     return (sub) => {
       view.replaceChildren();
       if (sub === 0) view.append(h("table", { class: "data" }, h("tr", {}, h("th", {}, ""), h("th", {}, "softmax + KV cache"), h("th", {}, "linear attention state")),
-        [["decode state", "O(n (dk + dv))", "O(r·dv + r)"], ["work per step", "O(n (dk + dv))", "O(r·dv)"], ["history", "every token, retrievable", "aggregated"], ["hard part", "capacity, bandwidth", "exact retrieval, interference, forgetting"]]
-          .map((r) => h("tr", {}, r.map((c) => h("td", {}, c))))));
+        [[T("decode state", "解码状态"), "O(n (dk + dv))", "O(r·dv + r)"], [T("work per step", "每步计算"), "O(n (dk + dv))", "O(r·dv)"], [T("history", "历史"), T("every token, retrievable", "每个词元，可取回"), T("aggregated", "聚合，不可逐个取回")], [T("hard part", "难点"), T("capacity, bandwidth", "容量与带宽"), T("exact retrieval, interference, forgetting", "精确检索、干扰、遗忘")]]
+          .map((r) => h("tr", {}, r.map((c) => h("td", {}, tr(c)))))));
       else {
         const dists = [...new Set(m.recall_distance.map((r) => r.distance))], mechs = [...new Set(m.recall_distance.map((r) => r.mechanism))];
         const acc = (mech, dist) => m.recall_distance.find((r) => r.mechanism === mech && r.distance === dist).accuracy;
-        view.append(h("table", { class: "data", id: "recall-table" }, h("tr", {}, h("th", {}, "writes after the pair →"), dists.map((x) => h("th", {}, x))),
+        view.append(h("table", { class: "data", id: "recall-table" }, h("tr", {}, h("th", {}, tr(T("writes after the pair →", "该对之后的写入数 →"))), dists.map((x) => h("th", {}, x))),
           mechs.map((mech) => h("tr", {}, h("td", {}, mech), dists.map((x) => h("td", {}, Math.round(100 * acc(mech, x)) + "%"))))),
-          h("p", { class: "muted" }, "source: " + m.recall_file));
+          h("p", { class: "muted" }, tr(T("source: ", "来源：")) + m.recall_file));
       }
     };
   } });
@@ -289,11 +303,11 @@ scene({ id: "long", title: T("Long histories and precision", "长历史与精度
     const m = DATA.measured;
     const rec = m.stability.filter((r) => r.form === "recurrent" && r.dtype === "bfloat16");
     const chunk = (L, dt) => m.stability.find((r) => r.form === "chunk" && r.dtype === dt && r.length === L);
-    root.append(h("table", { class: "data", id: "long-table" }, h("tr", {}, h("th", {}, "T"), h("th", {}, "largest |S| float64"), h("th", {}, "bfloat16 token loop"), h("th", {}, "rel. error loop bf16"),
-      h("th", {}, "chunk bf16"), h("th", {}, "chunk float32")),
+    root.append(h("table", { class: "data", id: "long-table" }, h("tr", {}, h("th", {}, "T"), h("th", {}, tr(T("largest |S|, float64", "最大 |S|，float64"))), h("th", {}, tr(T("largest |S|, bfloat16 token loop", "最大 |S|，bfloat16 逐词元"))), h("th", {}, tr(T("rel. error, bfloat16 token loop", "相对误差，bfloat16 逐词元"))),
+      h("th", {}, tr(T("rel. error, chunk bfloat16", "相对误差，分块 bfloat16"))), h("th", {}, tr(T("rel. error, chunk float32", "相对误差，分块 float32")))),
       rec.map((r) => h("tr", {}, h("td", {}, bytes(r.length)), h("td", {}, fmt(r.reference_state_abs_max, 1)), h("td", {}, fmt(r.state_abs_max, 1)), h("td", {}, fmt(r.max_rel_err, 3)),
         h("td", {}, chunk(r.length, "bfloat16") ? fmt(chunk(r.length, "bfloat16").max_rel_err, 3) : ""), h("td", {}, chunk(r.length, "float32") ? fmt(chunk(r.length, "float32").max_rel_err, 3) : "")))),
-    h("p", { class: "muted" }, "source: " + m.stability_files.join(", ") + " (accumulate, input scale 1)"));
+    h("p", { class: "muted" }, tr(T("source: ", "来源：")) + m.stability_files.join(", ") + " (accumulate, input scale 1)"));
     return () => {};
   } });
 
@@ -323,7 +337,7 @@ scene({ id: "playground", title: T("Playground", "试验场"),
   text: [T("Edit the tokens (features φ(k), φ(q), values), the rule, the gates α, the write strengths β, ε and its mode. S, z and y after every token are recomputed by the page's engine, the same one the exercises use and the tests compare with linattn's float64 reference.",
     "编辑词元（特征 φ(k)、φ(q)、值）、规则、门控 α、写入强度 β、ε 及其模式。每个词元之后的 S、z 和 y 都由页面的计算引擎重新计算；练习用的是同一个引擎，测试会把它与 linattn 的 float64 参考实现对比。")],
   build(root) {
-    const st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", toks: [
+    const st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", normalize: true, toks: [
       { k: [1, 0], v: [2, 1], q: [2, 1], a: 0.5, b: 0.5 }, { k: [0, 1], v: [4, 3], q: [2, 1], a: 0.5, b: 0.5 }, { k: [1, 1], v: [3, 5], q: [2, 1], a: 0.5, b: 0.5 }] };
     const controls = h("div", {}), table = h("div", {}), out = h("div", {});
     root.append(controls, table, out);
@@ -333,6 +347,7 @@ scene({ id: "playground", title: T("Playground", "试验场"),
       h("label", {}, "dv ", sel("pg-dv", [1, 2], () => st.dv, (x) => { st.dv = Number(x); })),
       h("label", {}, "ε ", num(() => st.eps, (x) => { st.eps = Math.max(0, x); }, "pg-eps")),
       h("label", {}, "ε mode ", sel("pg-mode", ["add", "clamp"], () => st.eps_mode, (x) => { st.eps_mode = x; })),
+      h("label", {}, h("input", { type: "checkbox", id: "pg-norm", checked: true, onchange: (e) => { st.normalize = e.target.checked; compute(); } }), " z"),
       h("button", { type: "button", id: "pg-add", onclick: () => { if (st.toks.length < 5) { st.toks.push({ k: [1, 1], v: [1, 1], q: [2, 1], a: 0.5, b: 0.5 }); drawTable(); compute(); } } }, "+ " + ui("token")),
       h("button", { type: "button", id: "pg-remove", onclick: () => { if (st.toks.length > 1) { st.toks.pop(); drawTable(); compute(); } } }, "− " + ui("token")));
     const drawTable = () => {
@@ -347,7 +362,8 @@ scene({ id: "playground", title: T("Playground", "试验场"),
     };
     const compute = () => {
       const spec = { rule: st.rule, q: st.toks.map((t) => t.q.slice()), k: st.toks.map((t) => t.k.slice()), v: st.toks.map((t) => t.v.slice(0, st.dv)),
-        alpha: st.toks.map((t) => t.a), beta: st.toks.map((t) => t.b), eps: st.eps, eps_mode: st.eps_mode };
+        alpha: st.toks.map((t) => t.a), beta: st.toks.map((t) => t.b), eps: st.eps, eps_mode: st.eps_mode,
+        normalize: st.normalize && !st.rule.endsWith("delta") };  // the delta rules keep no z
       try {
         const res = run(spec);
         out.replaceChildren(h("div", { class: "row", id: "pg-out" }, res.S.map((S, t) => box(ui("token") + " " + (t + 1), grid(S), res.z ? h("div", {}, "z = " + vec(res.z[t])) : null, h("div", { class: "big" }, "y = " + vec(res.y[t]))))));
