@@ -242,6 +242,15 @@ def test_memory_fields_recompute_with_linattn_memory_formulas(page, page_url):
     cross = memory.crossover_length(memory.state_bytes(1, 1, 1, 64, 96, "bfloat16"),
                                     memory.kv_cache_bytes(1, 1, 1, 80, 1, "float32"))
     assert page.inner_text("#mem-cross") == f"T = {cross:,}"
+    # Past 2**53 the page stays exact (BigInt), like linattn.memory's integers.
+    for key, val in (("B", "100000"), ("L", "100"), ("H", "128"), ("r", "4097"), ("dv", "4099")):
+        page.fill(f"#mem-{key}", val)
+    big = memory.state_bytes(100000, 100, 128, 4097, 4099, "bfloat16")
+    assert big > 2**53 and page.inner_text("#mem-state") == f"{big:,} bytes"
+    page.keyboard.press("Escape")  # leaves the field: the arrows step again
+    before = step(page)
+    page.keyboard.press("ArrowRight")
+    assert step(page) == before + 1
 
 
 def test_exercise_answer_hidden_until_asked(page, page_url):

@@ -54,6 +54,7 @@ window.addEventListener("hashchange", () => { if (stepFromHash() !== current.ste
 document.addEventListener("keydown", (e) => {
   const tag = (e.target && e.target.tagName) || "";
   // Arrow keys belong to a focused field or slider (the timeline handles them itself through its input event).
+  if (e.key === "Escape" && (tag === "INPUT" || tag === "SELECT")) { e.target.blur(); return; }  // back to the arrows
   if (tag === "INPUT" || tag === "SELECT" || tag === "TEXTAREA" || e.altKey || e.ctrlKey || e.metaKey) return;
   if (e.key === "ArrowRight" || e.key === "PageDown") { go(current.step + 1); e.preventDefault(); }
   else if (e.key === "ArrowLeft" || e.key === "PageUp") { go(current.step - 1); e.preventDefault(); }

@@ -161,17 +161,18 @@ scene({ id: "memory", title: T("Dimensions and memory", "维度与内存"),
     root.append(h("div", {}, ["B", "L", "H", "r", "dv"].map(field), dsel("state_dtype")), h("div", {}, ["kv_heads", "head_dim"].map(field), dsel("kv_dtype")), out);
     let sub = 0;
     const draw = () => {
-      const b = d.dtype_bytes[inp.state_dtype], kb = d.dtype_bytes[inp.kv_dtype];
-      const total = inp.B * inp.L * inp.H * (inp.r * inp.dv + inp.r) * b;
-      const perHead = (inp.r * inp.dv + inp.r) * b, kvTok = 2 * inp.head_dim * kb;
-      const cross = Math.ceil(perHead / kvTok);
+      // BigInt: exact integers past 2^53, like linattn.memory's Python ints.
+      const N = (key) => BigInt(inp[key]), b = BigInt(d.dtype_bytes[inp.state_dtype]), kb = BigInt(d.dtype_bytes[inp.kv_dtype]);
+      const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb;
+      const total = N("B") * N("L") * N("H") * perHead;
+      const cross = (perHead + kvTok - 1n) / kvTok;
       const res = h("div", { class: "row" }, box(tr(T("state", "状态")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes")),
         box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B, KV " + bytes(kvTok) + tr(T(" B/token", " B/词元"))), h("div", { class: "big", id: "mem-cross" }, "T = " + bytes(cross))));
       out.replaceChildren(res);
       if (sub === 1) {
-        const Ts = [0, 1, 2, 3, 4].map((i) => Math.round(cross * i / 2));
-        out.append(lineChart([{ points: Ts.map((t) => [t, t * kvTok]), color: "#1f6fb2", label: "KV cache" }, { points: Ts.map((t) => [t, perHead]), color: "#c2571a", label: "state" }],
-          { xlabel: "T", ylabel: "bytes per head", marks: [cross] }));
+        const c = Number(cross), kv = Number(kvTok), st = Number(perHead), Ts = [0, 1, 2, 3, 4].map((i) => Math.round(c * i / 2));
+        out.append(lineChart([{ points: Ts.map((t) => [t, t * kv]), color: "#1f6fb2", label: tr(T("KV cache", "KV 缓存")) }, { points: Ts.map((t) => [t, st]), color: "#c2571a", label: tr(T("state", "状态")) }],
+          { xlabel: "T", ylabel: tr(T("bytes per head", "每个头的字节数")), marks: [c] }));
       }
     };
     return (n) => { sub = n; draw(); };
