@@ -306,3 +306,19 @@ def test_language_buttons_switch_and_keep_the_step(page, page_url):
     assert step(page) == 9
     page.click("#lang-en")
     assert not any("\u4e00" <= ch <= "\u9fff" for ch in page.inner_text("#narration"))
+
+
+def test_eps_scene_recomputes_for_another_eps(page, page_url):
+    from linattn.explainer.scenes import eps_scene
+
+    page.goto(page_url)
+    _go_scene(page, "eps", 0)
+    assert "1.5" in page.inner_text("#eps-table")  # den = eps = 1e-6 with "add": 3e-6 / 2e-6
+    page.select_option("#eps-choice", "1e-9")
+    want = eps_scene(1e-9)["rows"]  # the reference's numbers for the eps the learner picked
+    cells = "rows => rows.slice(1).map(r => [...r.cells].map(c => c.innerText))"
+    got = page.eval_on_selector_all("#eps-table tr", cells)
+    assert len(got) == len(want)
+    for row, ref in zip(got, want, strict=True):
+        assert [float(row[1]), float(row[2])] == pytest.approx([ref["add"], ref["clamp"]], rel=1e-6, abs=1e-9)
+    assert float(got[3][1]) == pytest.approx(2.997003)  # den = 1e-6 is no longer halved

@@ -23,7 +23,7 @@ function s(tag, attrs, ...kids) {
 function fmt(x, digits) {
   if (x === null || x === undefined) return "";
   if (Number.isInteger(x)) return Math.abs(x) >= 10000 ? x.toLocaleString("en-US") : String(x);
-  if (Math.abs(x) < 1e-3 || Math.abs(x) >= 1e6) return x.toExponential(digits === undefined ? 3 : digits - 1).replace("e", "e");
+  if (Math.abs(x) < 1e-3 || Math.abs(x) >= 1e6) return x.toExponential(digits === undefined ? 3 : digits - 1).replace(/\.?0+e/, "e");
   return String(Number(x.toFixed(digits === undefined ? 4 : digits)));
 }
 const bytes = (n) => n.toLocaleString("en-US");

@@ -142,9 +142,18 @@ scene({ id: "eps", title: T("ε: add or clamp", "ε：相加还是截断"),
   text: [T("Dividing by a denominator near zero needs a guard ε. linattn offers two: 'add' divides by den + ε, 'clamp' by max(den, ε). One token with feature d and value 3, read by q = 1: the exact answer is 3 for every d > 0. With ε = 1e-6, 'add' is already off at d = 1e-5, 'clamp' only once d < ε. They are different functions; pick one and use it in every form.",
     "分母接近零时需要一个保护量 ε。linattn 提供两种：'add' 除以 den + ε，'clamp' 除以 max(den, ε)。一个词元，特征为 d、值为 3，用 q = 1 读取：对任何 d > 0 精确答案都是 3。取 ε = 1e-6 时，'add' 在 d = 1e-5 已经偏离，'clamp' 只在 d < ε 时才偏离。它们是不同的函数；选定一个，并在每种计算形式中一致使用。")],
   build(root) {
-    const d = DATA.eps;
-    const rows = d.rows.map((r) => h("tr", {}, h("td", {}, fmt(r.den)), h("td", {}, fmt(r.add, 6)), h("td", {}, fmt(r.clamp, 6)), h("td", {}, "3")));
-    root.append(h("p", { class: "formula" }, "ε = " + fmt(d.eps)), h("table", { class: "data" }, h("tr", {}, h("th", {}, "den = q·z"), h("th", {}, "add"), h("th", {}, "clamp"), h("th", {}, ui("exact"))), rows));
+    const d = DATA.eps, table = h("div", {});
+    // The scripted table (ε = 1e-6) comes from the reference; another ε is recomputed by the page's engine.
+    const read = (den, eps, mode) => run({ rule: "accumulate", q: [1], k: [[den]], v: [[d.value]], eps, eps_mode: mode }).y[0][0];
+    const draw = (eps) => {
+      const rows = d.rows.map((r) => eps === d.eps ? r : { den: r.den, add: read(r.den, eps, "add"), clamp: read(r.den, eps, "clamp") });
+      table.replaceChildren(h("table", { class: "data", id: "eps-table" }, h("tr", {}, h("th", {}, "den = q·z"), h("th", {}, "add"), h("th", {}, "clamp"), h("th", {}, ui("exact"))),
+        rows.map((r) => h("tr", {}, h("td", {}, fmt(r.den)), h("td", {}, fmt(r.add, 6)), h("td", {}, fmt(r.clamp, 6)), h("td", {}, fmt(d.value))))));
+    };
+    const choice = h("select", { id: "eps-choice", onchange: (e) => draw(Number(e.target.value)) },
+      [1e-3, d.eps, 1e-9, 1e-12].map((x) => h("option", { value: x, selected: x === d.eps }, fmt(x))));
+    root.append(h("label", { class: "formula" }, "ε = ", choice), table);
+    draw(d.eps);
     return () => {};
   } });
 
