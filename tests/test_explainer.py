@@ -80,6 +80,12 @@ def test_chunk_scene_every_layout_equals_the_loop():
         assert chunks[-1]["S_out"] == [26.0, 22.0] and chunks[-1]["z_out"] == [4.0, 3.0]
 
 
+def test_device_segments_compose_to_the_one_pass():
+    dev = scenes.devices_scene()
+    np.testing.assert_allclose(dev["composed"], dev["one_pass"], rtol=1e-14, atol=1e-15)
+    assert not np.allclose(dev["segments"][1]["Q"], dev["one_pass"])  # the second segment alone is not the answer
+
+
 def test_memory_scene_uses_linattn_memory():
     m = scenes.memory_scene()
     assert m["state_bytes"] == 33_816_576 == memory.state_bytes(1, 32, 16, 128, 128, "float32")

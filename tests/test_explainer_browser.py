@@ -19,7 +19,7 @@ from linattn import memory, reference
 from linattn.explainer import build_page, lab_source
 
 EXPECTED_SCENES = ["intro", "softmax", "rewrite", "matrix", "tokens", "whyz", "eps", "memory", "gates", "delta",
-                   "chunks", "code", "saves", "long", "exercises", "playground"]
+                   "chunks", "devices", "code", "saves", "long", "exercises", "playground"]
 
 
 def _browser_path() -> str | None:

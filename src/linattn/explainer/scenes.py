@@ -201,6 +201,26 @@ def chunks_scene() -> dict[str, Any]:
             "layouts": layouts, "num": float(q @ S), "den": float(q @ z)}
 
 
+def devices_scene() -> dict[str, Any]:
+    """docs/mechanism.md §6 with gated delta: two segments run from zero, report (P, Q), compose to the one pass."""
+    keys = [[1.0, 0.0], [0.6, 0.8], [0.0, 1.0], [0.8, 0.6]]
+    values, alpha, beta = [2.0, 4.0, 3.0, 5.0], [0.9] * 4, [0.5] * 4
+    g = np.log(alpha)
+    segments = []
+    for lo, hi in ((0, 2), (2, 4)):
+        P = np.eye(2)
+        for t in range(lo, hi):  # S -> a (I - beta k k^T) S + ..., composed in token order
+            k = np.array(keys[t])
+            P = alpha[t] * (np.eye(2) - beta[t] * np.outer(k, k)) @ P
+        Q = _run(keys[lo:hi], values[lo:hi], [[1.0, 0.0]] * (hi - lo), rule="gated_delta", g=g[lo:hi],
+                 beta=beta[lo:hi])["S"][-1]
+        segments.append({"tokens": [lo + 1, hi], "P": P.tolist(), "Q": Q})
+    P2, Q1, Q2 = np.array(segments[1]["P"]), np.array(segments[0]["Q"]), np.array(segments[1]["Q"])
+    one_pass = _run(keys, values, [[1.0, 0.0]] * 4, rule="gated_delta", g=g, beta=beta)["S"][-1]
+    return {"keys": keys, "values": values, "alpha": alpha, "beta": beta, "segments": segments,
+            "composed": (P2 @ Q1 + Q2).tolist(), "one_pass": one_pass}
+
+
 def build_data() -> dict[str, Any]:
     """Everything the page's scripted scenes show, as plain JSON-able values."""
     from linattn.explainer.measured import load_measured
@@ -216,5 +236,6 @@ def build_data() -> dict[str, Any]:
         "gates": gates_scene(),
         "delta": delta_scene(),
         "chunks": chunks_scene(),
+        "devices": devices_scene(),
         "measured": load_measured(),
     }

@@ -275,6 +275,19 @@ scene({ id: "chunks", title: T("Chunks: carried state plus the chunk itself", "�
     return (n) => { sub = n; draw(); };
   } });
 
+scene({ id: "devices", title: T("Across devices: segments exchange states, not tokens", "跨设备：各段交换状态，而不是词元"),
+  text: [T("Every rule maps a segment's incoming state affinely: S_out = P·S_in + Q. Each device runs its segment from a zero state (that is Q) and knows P from its own tokens: here gated delta, P = Π α(I − β k kᵀ) in token order. Composing the pairs with the rule of the gates scene, (P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂), gives the state of one pass over all tokens.",
+    "每条规则都把一段的输入状态仿射地映射为 S_out = P·S_in + Q。每个设备从零状态运行自己的那一段（得到 Q），并由自己的词元得到 P：这里是门控 delta，P = Π α(I − β k kᵀ)，按词元顺序相乘。用门控那一场景的规则复合这些对，(P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂)，就得到对全部词元一次运行的状态。")],
+  build(root) {
+    const d = DATA.devices;
+    const seg = (sg, i) => box(tr(T("device ", "设备 ")) + (i + 1) + tr(T(": tokens ", "：词元 ")) + sg.tokens.join("–"),
+      h("div", { class: "row" }, h("div", {}, "P", grid(sg.P)), h("div", {}, "Q", grid(sg.Q))));
+    root.append(h("div", { class: "muted" }, d.keys.map((k, t) => "k" + (t + 1) + "=" + vec(k) + ", v=" + d.values[t]).join("   ") + "   α = " + d.alpha[0] + ", β = " + d.beta[0]),
+      h("div", { class: "row" }, d.segments.map(seg),
+        box("P₂Q₁ + Q₂", grid(d.composed)), box(tr(T("one pass, all tokens", "一次运行全部词元")), grid(d.one_pass))));
+    return () => {};
+  } });
+
 scene({ id: "code", title: T("The whole recurrence, as code", "整个递推，写成代码"),
   text: [T("This loop is the definition; every fast form (dense, chunked, scanned, one-step decode) must agree with it. Write it first in float64, then check each fast path against it on the same inputs: float64 first, speed second. lab.py (download on the first page) does exactly that with NumPy.",
     "这个循环就是定义；每一种快速形式（稠密、分块、扫描、单步解码）都必须与它一致。先用 float64 写出它，再在相同输入上用它检查每一条快速路径：先 float64，后速度。lab.py（在第一页下载）用 NumPy 做的正是这件事。")],
