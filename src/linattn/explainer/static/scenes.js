@@ -232,7 +232,7 @@ scene({ id: "delta", title: T("The delta rule: write only the error", "Delta 规
       const c = d.curves[0];
       if (sub === 0) view.append(h("div", { class: "row" }, c.S.slice(0, 4).map((x, i) => h("span", { class: "token" + (i === 3 ? " active" : "") }, (i ? tr(T("write ", "写入 ")) + i + ": " : "S₀ = ") + fmt(x)))),
         h("p", { class: "big", id: "delta-seq" }, c.S.slice(1, 4).map((x) => fmt(x)).join(" → ")));
-      else if (sub === 1) view.append(lineChart(d.curves.slice(0, 3).map((cv, i) => ({ points: cv.S.map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta })), { xlabel: "writes", ylabel: "S" }),
+      else if (sub === 1) view.append(lineChart(d.curves.slice(0, 3).map((cv, i) => ({ points: cv.S.map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta })), { xlabel: tr(T("writes", "写入次数")), ylabel: "S" }),
         h("p", {}, "β‖k‖² = 2.5: " + d.curves[3].S.slice(0, 6).map((x) => fmt(x)).join(", ") + tr(T(" … (diverges)", " …（发散）"))));
       else {
         const slider = h("input", { type: "range", id: "delta-beta", min: 0, max: 2.5, step: 0.05, value: 0.5 });
@@ -242,7 +242,7 @@ scene({ id: "delta", title: T("The delta rule: write only the error", "Delta 规
           const res = run({ rule: "delta", q: [1], k: Array(n).fill([1]), v: Array(n).fill([d.value]), beta: Array(n).fill(beta) });
           // the engine starts from zero; S from 2 is S0 = 2 shifted: error factor is what matters
           const seq = [0].concat(res.S.map((S) => S[0][0]));
-          out.replaceChildren(h("p", {}, "β = " + beta.toFixed(2) + ", 1 − β = " + (1 - beta).toFixed(2)), lineChart([{ points: seq.map((x, i) => [i, x]), color: "#1f6fb2", label: "S (from 0)" }, { points: seq.map((x, i) => [i, d.value]), color: "#5b6470", label: "v", dash: "4 4" }], { xlabel: "writes", ylabel: "S" }));
+          out.replaceChildren(h("p", {}, "β = " + beta.toFixed(2) + ", 1 − β = " + (1 - beta).toFixed(2)), lineChart([{ points: seq.map((x, i) => [i, x]), color: "#1f6fb2", label: "S (from 0)" }, { points: seq.map((x, i) => [i, d.value]), color: "#5b6470", label: "v", dash: "4 4" }], { xlabel: tr(T("writes", "写入次数")), ylabel: "S" }));
         };
         slider.addEventListener("input", draw);
         view.append(h("label", {}, "β ", slider), out);
