@@ -105,6 +105,14 @@ def test_keys_slider_and_hash_move_the_step(page, page_url):
     dragged = step(page)
     assert abs(dragged - 0.75 * (n - 1)) <= 2
     assert page.evaluate("document.getElementById('timeline').value") == str(dragged)
+    page.focus("#timeline")  # keyboard on the focused slider: the browser moves it, the page follows
+    page.keyboard.press("ArrowRight")
+    assert step(page) == dragged + 1
+    page.keyboard.press("Tab")  # off the slider (to the next button): the page's own keys work again
+    page.keyboard.press("End")
+    assert step(page) == n - 1
+    page.keyboard.press("Home")
+    assert step(page) == 0
     page.evaluate("location.hash = '#step=12'")
     page.wait_for_function("document.documentElement.dataset.step === '12'")
     page.reload()
