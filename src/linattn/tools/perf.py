@@ -14,7 +14,6 @@ import gc
 import math
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ from tqdm import tqdm
 import linattn
 from linattn.tools import perf_peers as pp
 from linattn.tools.perf_report import attach_ratios, evaluate_targets, render_markdown
-from linattn.tools.profiling import cpu_peak_bytes
+from linattn.tools.profiling import BusyMeter, cpu_peak_bytes
 from linattn.tools.results import atomic_write, write_result
 
 SCHEMA = "linattn.perf/1"
@@ -329,25 +328,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_seconds() -> tuple[float, float] | None:
-    """(CPU seconds busy on the whole machine, CPU seconds used by this process) so far; None without /proc."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    ticks = os.sysconf("SC_CLK_TCK")
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    return (user + nice + system + irq + softirq + steal) / ticks, me.ru_utime + me.ru_stime
-
-
 def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.Peer, ...] | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Measure everything selected and return the result document (see docs/perf.md for each field)."""
     start = time.perf_counter()
     peers = pp.PEERS if peers is None else peers
     load_before = os.getloadavg()
-    cpu_before = _cpu_seconds()
+    busy = BusyMeter().start()
     cases = select(build_cases(cfg, peers), only)
     used = {c.peer.name for c in cases if c.peer is not None}
     checks = pp.crosscheck(tuple(p for p in peers if p.name in used),
@@ -363,10 +350,7 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
     bar.close()
     attach_ratios(results)
     wall = time.perf_counter() - start
-    cpu_after = _cpu_seconds()
-    others = None  # average number of cores that other processes kept busy while this run measured
-    if cpu_before and cpu_after and wall > 0:
-        others = max(0.0, ((cpu_after[0] - cpu_before[0]) - (cpu_after[1] - cpu_before[1])) / wall)
+    others = busy.stop()  # average number of cores that other processes kept busy while this run measured
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
