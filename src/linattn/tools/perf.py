@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 import linattn
+from linattn.tools import cli_files
 from linattn.tools import perf_peers as pp
 from linattn.tools.perf_report import attach_ratios, evaluate_targets, render_markdown
 from linattn.tools.profiling import BusyMeter, cpu_peak_bytes
@@ -373,6 +374,30 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
 # --- CLI -----------------------------------------------------------------------------------------------------------
 
 
+def missing_peers(cases: list[Case]) -> dict[str, str]:
+    """Peer name -> why it cannot load, for the peers the selected cases use (imports them now, once)."""
+    missing = {}
+    for peer in dict.fromkeys(c.peer for c in cases if c.peer is not None):
+        try:
+            peer.load()
+        except ImportError as exc:
+            missing[peer.name] = str(exc)
+    return missing
+
+
+def peer_warning(cases: list[Case]) -> str | None:
+    """The warning printed before measuring when some or all of the peers the cases compare against are missing."""
+    used = {c.peer.name for c in cases if c.peer is not None}
+    missing = missing_peers(cases)
+    if not missing:
+        return None
+    hint = 'pip install -c constraints.txt ".[peers]"'
+    if len(missing) == len(used):
+        return (f"warning: no peer is installed ({', '.join(sorted(missing))}); this run times linattn and softmax "
+                f"only, with no speedups. Install them first: {hint}")
+    return f"warning: peers not installed, their rows will say so: {', '.join(sorted(missing))} ({hint})"
+
+
 @click.command(name="perf")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
 @click.option("--markdown", "markdown", type=click.Path(dir_okay=False), default=None,
@@ -401,15 +426,18 @@ def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memo
     if list_only:
         click.echo("\n".join(c.name for c in cases))
         return
-    for path in (output, markdown):
-        if path and Path(path).exists() and not overwrite:
-            raise click.UsageError(f"{path} exists; pass --overwrite to replace it")
+    cli_files.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
+    warning = peer_warning(cases)  # at the start, not after minutes of measuring
+    if warning:
+        click.echo(warning, err=True)
     if threads:
         torch.set_num_threads(threads)
     doc = run(cfg, only=patterns)
     text = render_markdown(doc)
-    if output:
-        write_result(doc, output, "perf", overwrite=overwrite)
-    if markdown:
-        atomic_write(markdown, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite)
     click.echo(text)
+    if output:
+        cli_files.write("--output", lambda p, overwrite: write_result(doc, p, "perf", overwrite=overwrite), output,
+                        overwrite=overwrite)
+    if markdown:
+        cli_files.write("--markdown", lambda p, overwrite: atomic_write(
+            p, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite), markdown, overwrite=overwrite)
