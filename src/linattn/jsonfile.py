@@ -60,12 +60,13 @@ def read_json(path: str | os.PathLike, *, what: str = "file", max_bytes: int = M
         raise FileNotFoundError(f"{where} does not exist") from None
     except OSError as e:
         raise ValueError(f"{where} cannot be read: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else (
+            "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise ValueError(f"{where} is {kind}; expected a regular JSON file")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else (
-                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
-            raise ValueError(f"{where} is {kind}; expected a regular JSON file")
         if st.st_size > max_bytes:
             raise ValueError(f"{where} is {st.st_size:,} bytes, over the limit of {max_bytes:,}")
         data = fh.read(max_bytes + 1)  # the file may grow after fstat

@@ -195,7 +195,7 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
 @click.option(
     "--output",
     default=None,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=cli_files.FILE,
     help="Result file; default benchmarks/results/<workload-id>_<run-label>.json under the current folder.",
 )
 @click.option("--semantic-id", default="ARCH-RECURRENT-STATE-MECHANISM", callback=_label_option)
@@ -205,7 +205,7 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @click.option("--dry-run", is_flag=True, help="Check the device, dtypes and memory and print the plan; write nothing.")
 @click.option(
-    "--plot", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Also draw the result to this PNG."
+    "--plot", default=None, type=cli_files.FILE, help="Also draw the result to this PNG."
 )
 @click.pass_context
 def command(ctx: click.Context, **opts: Any) -> None:
@@ -280,11 +280,11 @@ def command(ctx: click.Context, **opts: Any) -> None:
 
 
 @command.command("show")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=cli_files.FILE)
 @click.option(
     "--plot",
     default=None,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=cli_files.FILE,
     help="Draw state bytes and step time against L (log-log) to this PNG.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing plot file.")

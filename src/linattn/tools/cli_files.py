@@ -50,3 +50,20 @@ def write(flag: str, writer: Callable[..., Any], path: str | os.PathLike, *args:
     out = Path(path).absolute()
     click.echo(f"wrote {out}")
     return out
+
+
+class FilePath(click.ParamType):
+    """A file path option or argument, as a :class:`~pathlib.Path`. Unlike ``click.Path`` it does not touch the
+    file system (:func:`check_outputs` and the readers judge the path and name the problem), and it refuses a
+    NUL byte, on which ``click.Path`` fails with a traceback."""
+
+    name = "file"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        text = os.fspath(value)
+        if "\0" in text:
+            self.fail("the path contains a NUL byte", param, ctx)
+        return Path(text)
+
+
+FILE = FilePath()

@@ -212,7 +212,7 @@ def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes:
 
 @click.command(name="memory")
 @click.option("--preset", type=click.Choice(list_presets()), help="A shipped real model config.")
-@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), help="HF-style config.json.")
+@click.option("--config", "config", type=cli_files.FILE, help="HF-style config.json.")
 @click.option("--ignore-unknown-keys", is_flag=True, help="Skip config keys the planner does not know.")
 @click.option("--layers", type=POSITIVE, help="Number of layers (shape flags).")
 @click.option("--heads", type=POSITIVE, help="Linear-attention state heads.")
@@ -233,8 +233,8 @@ def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes:
 @click.option("--conv-state/--no-conv-state", default=True, show_default=True, help="Count short-conv buffers.")
 @click.option("--mla-cache", type=click.Choice(["latent", "expanded"]), default="latent", show_default=True)
 @click.option("--seq-len", "seq_lens", type=click.IntRange(min=0), multiple=True, help="Rows of the table.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write bytes vs T as PNG.")
+@click.option("--output", type=cli_files.FILE, help="Write the report as JSON.")
+@click.option("--plot", type=cli_files.FILE, help="Write bytes vs T as PNG.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 def command(
     preset, config, ignore_unknown_keys, normalizer, batch, state_dtype, kv_dtype, conv_dtype, conv_state,

@@ -399,8 +399,8 @@ def peer_warning(cases: list[Case]) -> str | None:
 
 
 @click.command(name="perf")
-@click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
-@click.option("--markdown", "markdown", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
+@click.option("--markdown", "markdown", type=cli_files.FILE, default=None,
               help="Write the Markdown tables here (they are printed to stdout either way).")
 @click.option("--quick", is_flag=True, help="Tiny smoke configuration: checks the tool, measures nothing real.")
 @click.option("--only", "only", multiple=True,

@@ -382,8 +382,8 @@ def _floats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[flo
               help="Expected cosine between near-duplicate keys, in (0, 1).")
 @click.option("--trials", type=click.IntRange(min=1), default=16, show_default=True, help="Sequences per point.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
+@click.option("--output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
+@click.option("--plot", "plot_path", type=cli_files.FILE, default=None, help="Write the PNG plot here.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def command(d, dv, alphas, similarities, trials, seed, output, plot_path, overwrite, no_progress) -> None:

@@ -118,10 +118,6 @@ def check_writable(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     path = Path(text)
     if not path.name or path.name in (".", ".."):
         raise ValueError(f"{text!r} names a folder, not a file")
-    if path.is_symlink() and not path.exists():
-        raise ValueError(
-            f"{path} is a dangling symbolic link (to {os.readlink(path)!r}); remove it or pick another name"
-        )
     # the nearest folder that exists: the file will be created under it (missing folders are made)
     anc = path.parent
     while not os.path.lexists(anc) and anc != anc.parent:
@@ -132,6 +128,10 @@ def check_writable(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         if len(os.fsencode(part)) > _name_max(anc):
             raise ValueError(f"the name {part[:40]!r}... is {len(os.fsencode(part))} bytes, longer than this file "
                              f"system allows ({_name_max(anc)})")
+    if path.is_symlink() and not path.exists():
+        raise ValueError(
+            f"{path} is a dangling symbolic link (to {os.readlink(path)!r}); remove it or pick another name"
+        )
     if os.path.lexists(path):
         if not overwrite:
             raise exists_error(path)

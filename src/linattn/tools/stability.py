@@ -681,8 +681,8 @@ def _list(kind: type):
 @click.option("--rescale-dtype", type=click.Choice(list(DTYPES)), default="float16", show_default=True,
               help="Dtype of the state-rescaling check.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
+@click.option("--output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
+@click.option("--plot", "plot_path", type=cli_files.FILE, default=None, help="Write the PNG plot here.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def command(rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, heads, dim, full_grid, rescale_dtype, seed,
