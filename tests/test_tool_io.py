@@ -187,8 +187,12 @@ def test_sigterm_mid_run_leaves_nothing(tmp_path):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
     cmd = [sys.executable, "-m", "linattn.cli", "recall", "--trials", "64", "--output", str(out), "--plot", str(png)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    time.sleep(4.0)  # imports done, measuring
+                            stderr=subprocess.PIPE)
+    seen = b""
+    while b"%|" not in seen:  # the progress bar is drawn: imports are done and it is measuring
+        byte = proc.stderr.read(1)
+        assert byte, seen.decode(errors="replace")
+        seen += byte
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode != 0
@@ -296,3 +300,78 @@ def test_write_prints_the_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(cli_main, ["memory", "--preset", "qwen3-next-80b-a3b", "--output", "m.json"])
     assert res.exit_code == 0 and f"wrote {tmp_path / 'm.json'}" in res.output
+
+
+# ------------------------------------------------------------------------------------------ what the tools say
+def test_perf_warns_about_missing_peers_before_measuring(monkeypatch):
+    from linattn.tools import perf_peers as pp
+
+    fake = pp.Peer("fla.nothing_here", "linattn_no_such_module", "f", "accumulate", "chunk",
+                   lambda fn, inp: fn(inp), "flash-linear-attention")
+    monkeypatch.setattr(pp, "PEERS", (fake,))
+    calls = []
+
+    def measured(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("stop after the start")
+
+    monkeypatch.setattr(perf, "run", measured)
+    res = CliRunner().invoke(cli_main, ["perf", "--quick", "--only", "fwd/accumulate"])
+    assert calls == [1]  # the warning came first, then the run began
+    assert "warning: no peer is installed (fla.nothing_here)" in res.stderr
+    assert 'pip install -c constraints.txt ".[peers]"' in res.stderr
+    # nothing to warn about when the run compares against no peer
+    assert perf.peer_warning(perf.select(perf.build_cases(perf.QUICK, peers=()), ("decode",))) is None
+
+
+def test_recall_explains_its_columns():
+    recs = recall.run_recall(d=8, dv=8, alphas=(0.9,), n_values=(4,), distance_pairs=2, total_length=12,
+                             distances=(0, 4), correlation_pairs=4, similarities=(0.8,), trials=1, progress=False)
+    text = {s: recall.explain(recs, s) for s in ("capacity", "distance", "correlation")}
+    assert "'rand N=n' n pairs with random unit keys" in text["capacity"]
+    assert "'dist=k' k filler writes" in text["distance"] and "between the 2 pairs" in text["distance"]
+    assert "'dup s' near duplicates with expected cosine s" in text["correlation"]
+    assert all("'a=' is the gate alpha" in t for t in text.values())
+
+
+def test_recall_plot_is_two_by_two_with_one_legend_outside(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    recs = recall.run_recall(d=8, dv=8, alphas=(0.9,), n_values=(4, 8), distance_pairs=2, total_length=12,
+                             distances=(0, 4), correlation_pairs=4, similarities=(0.8,), trials=1, progress=False)
+    doc = {"config": {"d": 8}, "records": recs}
+    shown, close = {}, plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: shown.setdefault("fig", fig))
+    recall.plot(doc, tmp_path / "r.png")
+    fig = shown["fig"]
+    assert len(fig.axes) == 4 and fig.get_size_inches().tolist() == [11.0, 8.5]
+    assert [ax.get_legend() for ax in fig.axes] == [None] * 4 and len(fig.legends) == 1
+    fig.canvas.draw()
+    legend_box = fig.legends[0].get_window_extent()
+    assert all(legend_box.x0 >= ax.get_window_extent().x1 for ax in fig.axes)  # right of every panel
+    close(fig)
+
+
+def test_stability_eps_panel_draws_only_curves_that_can_be_seen():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def case(mode, eps, changes):
+        return {"eps_mode": mode, "eps": eps, "max_rel_change": max(changes),
+                "by_den_decade": [{"decade": d, "max_rel_change": c} for d, c in zip((-3, -2, -1), changes,
+                                                                                        strict=True)]}
+
+    eps = {"den_min": 1e-3, "den_max": 1.0, "cases": [
+        case("add", 1e-12, [1e-9, 1e-10, 1e-11]), case("add", 1e-2, [0.9, 0.5, 0.1]),
+        case("clamp", 1e-12, [0.0, 0.0, 0.0]), case("clamp", 1e-2, [0.9, 0.0, 0.0])]}
+    fig, ax = plt.subplots()
+    stability._plot_epsilon(ax, eps)
+    curves = [ln for ln in ax.lines if len(ln.get_xdata()) > 0 and ln.get_linestyle() == "-"]
+    assert len(curves) == 2  # the two add cases; clamp curves would hide under them or vanish on a log axis
+    vlines = [ln for ln in ax.lines if ln.get_linestyle() == ":" and len(ln.get_xdata()) == 2]
+    assert [ln.get_xdata()[0] for ln in vlines] == [1e-2]  # clamp 1e-2 changed tokens below den = 1e-2
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "clamp, eps 1e-12: no token changed" in labels
+    plt.close(fig)
