@@ -39,8 +39,9 @@ def default_threads(device: str, cores: int | None) -> tuple[int | None, str]:
     A decode step is a few small kernels, and torch's intra-op threads wait for each other at the end of every
     one: when the OS deschedules one of them the whole step waits a scheduler slice. On a 2-core machine with one
     busy competitor, 2 threads made steps of 0.05 ms take 12-24 ms and the p90 of a quiet run 8-16 ms, while
-    1 thread stayed at 0.05 ms (p90 under 0.3 ms); one thread gives up only the parallel speedup of the largest
-    KV step. Large machines keep torch's choice."""
+    1 thread stayed at 0.05 ms (p90 under 0.3 ms). The price is SDPA's parallel speedup over the cache (1.6 ms
+    against 1.1 ms at L=8192 on an idle machine), so runs compare at equal thread counts (hardware.threads).
+    Large machines keep torch's choice."""
     if device == "cpu" and cores is not None and cores <= SMALL_MACHINE_CORES:
         return 1, f"default: 1 thread on a machine with {cores} <= {SMALL_MACHINE_CORES} cores (stable timings)"
     return None, "default: torch's own choice"
