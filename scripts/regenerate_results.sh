@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 R=benchmarks/results
 export MPLBACKEND=Agg
-linattn bench --run-label cpu-reference --overwrite --plot "$R/arch-linear-recurrence-v2_cpu-reference.png"
+linattn bench --no-progress --run-label cpu-reference --overwrite --plot "$R/arch-linear-recurrence-v2_cpu-reference.png"
 linattn memory --preset qwen3-next-80b-a3b --overwrite \
   --output "$R/memory_qwen3-next-80b-a3b.json" --plot "$R/memory_qwen3-next-80b-a3b.png"
 linattn stability --no-progress --overwrite --output "$R/stability_cpu.json" --plot "$R/stability_cpu.png"

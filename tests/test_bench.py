@@ -210,7 +210,10 @@ def doc():
 
 def test_measured_document_is_valid_and_sensible(doc):
     results.validate(doc, results.load_schema("bench_result"))
-    assert doc["failure"] is None and doc["evidence_level"] == "measured"
+    assert doc["failure"] is None
+    # this machine may be busy: then the run says so, with reasons, instead of claiming clean timings
+    assert doc["evidence_level"] == ("disturbed" if doc["contention"]["disturbed"] else "measured")
+    assert doc["contention"]["disturbed"] == bool(doc["contention"]["reasons"])
     assert doc["decision"]["outcome"] == "accept_fixed_state_growth_mechanism"
     rows = {(r["path"], r["sequence_length"]): r for r in doc["metrics"]["rows"]}
     assert rows[(bench_plan.BASELINE, 8)]["state_bytes"] == bench_plan.kv_history_bytes(1, 2, 8, 4, "float32")
@@ -399,3 +402,135 @@ def test_time_cpu_takes_turns_keeps_first_output_and_flags_non_finite():
     assert finite_a and not finite_b
     assert set(stats_a) == {"mean_step_ms", "median_step_ms", "p90_step_ms", "min_step_ms"}
     assert stats_a["min_step_ms"] <= stats_a["median_step_ms"] <= stats_a["p90_step_ms"]
+
+
+# ------------------------------------------------------------------------------------------------- contention
+def _row(path, L, median, p90=None):
+    return {"path": path, "sequence_length": L, "median_step_ms": median, "p90_step_ms": p90 or median * 1.2}
+
+
+QUIET_ROWS = [_row(bench_plan.BASELINE, 512, 0.03), _row("fixed_recurrent_state", 512, 0.05),
+              _row(bench_plan.BASELINE, 8192, 0.7), _row("fixed_recurrent_state", 8192, 0.055)]
+
+
+def _assess(rows, before=0.0, during=0.0, cores=2, threads=1):
+    return bench_report.assess_contention(rows, cores=cores, threads=threads, threads_source="test",
+                                          others_before=before, others_during=during, loadavg_before=[0.1, 0.2, 0.3])
+
+
+def test_contention_quiet_run_is_measured():
+    c = _assess(QUIET_ROWS, before=0.1, during=0.3)  # 0.3 of 2 cores: under 20%
+    assert not c["disturbed"] and c["reasons"] == []
+    assert bench_report.evidence_level(None, c) == "measured"
+
+
+def test_contention_is_flagged_from_other_processes_before_or_during_the_run():
+    c = _assess(QUIET_ROWS, during=1.0)
+    assert c["disturbed"] and "1.00 of 2 cores busy on average during the run" in c["reasons"][0]
+    c = _assess(QUIET_ROWS, before=1.9, threads=2)
+    assert "before the run" in c["reasons"][0] and "more than there are cores" in c["reasons"][0]
+    assert bench_report.evidence_level(None, c) == "disturbed"
+    assert bench_report.evidence_level({"stage": "measure", "message": "x"}, c) == "incomplete"
+    # where /proc is missing nothing is claimed either way from the meter
+    assert not _assess(QUIET_ROWS, before=None, during=None)["disturbed"]
+
+
+def test_contention_is_flagged_from_the_timings_themselves():
+    # the 12-24 ms steps of the busy 2-thread run: the state's step (same work at every L) moved 480-fold
+    rows = [_row(bench_plan.BASELINE, 512, 0.03), _row("fixed_recurrent_state", 512, 0.05),
+            _row(bench_plan.BASELINE, 8192, 11.9), _row("fixed_recurrent_state", 8192, 24.0)]
+    c = _assess(rows)
+    assert c["disturbed"] and any("fixed_recurrent_state: median step 0.05 to 24 ms" in r for r in c["reasons"])
+    # a quiet machine with 2 threads: medians fine, p90 hundreds of times the median
+    c = _assess([_row(bench_plan.BASELINE, 512, 0.031, p90=7.98)] + QUIET_ROWS[1:])
+    assert c["disturbed"] and "p90 step 7.98 ms is 257x the median" in c["reasons"][0]
+
+
+def test_schema_2_requires_contention_and_schema_1_files_stay_valid(doc):
+    schema = results.load_schema("bench_result")
+    assert doc["schema_version"] == 2 and doc["contention"]["method"]
+    bad = copy.deepcopy(doc)
+    del bad["contention"]
+    with pytest.raises(results.ResultValidationError, match="missing fields: contention"):
+        results.validate(bad, schema)
+    old = copy.deepcopy(doc)  # a file written before contention was measured
+    old["schema_version"] = 1
+    del old["contention"]
+    old["evidence_level"] = "measured"
+    results.validate(old, schema)
+    old["evidence_level"] = "disturbed"  # a level version 1 did not have
+    with pytest.raises(results.ResultValidationError):
+        results.validate(old, schema)
+    assert "contention was not recorded" in bench_report.format_table([{**old, "evidence_level": "measured"}])
+
+
+def test_default_threads_one_on_small_cpu_machines():
+    assert bench.default_threads("cpu", 2)[0] == 1 and bench.default_threads("cpu", 4)[0] == 1
+    assert bench.default_threads("cpu", 64)[0] is None and bench.default_threads("cuda", 2)[0] is None
+    assert bench.default_threads("cpu", None)[0] is None
+
+
+def test_cli_warns_and_records_a_disturbed_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench.profiling, "others_busy_now", lambda seconds=0.3: 1.5)
+
+    class Busy:
+        def start(self):
+            return self
+
+        def stop(self):
+            return 1.5
+
+    monkeypatch.setattr(bench, "BusyMeter", Busy)
+    threads = torch.get_num_threads()
+    res = CliRunner().invoke(bench.command, [*TINY, "--output", "r.json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert torch.get_num_threads() == threads  # the command restores the caller's setting
+    assert "warning: the machine is busy (other processes kept 1.50 of" in res.stderr
+    assert "WARNING: timings disturbed" in res.stdout and "warning: timings disturbed" in res.stderr
+    assert "bench:" not in res.stderr and "step/s" not in res.stderr  # --no-progress: no bar
+    saved = results.read_result(tmp_path / "r.json", "bench_result")
+    assert saved["evidence_level"] == "disturbed"
+    assert saved["contention"]["others_cpu_cores"] == 1.5 and saved["contention"]["others_cpu_cores_before"] == 1.5
+    assert saved["contention"]["reasons"][0].startswith("other processes kept 1.50 of")
+    assert f"wrote {tmp_path / 'r.json'}" in res.stdout  # the absolute path
+
+
+def test_cli_quiet_run_is_measured_and_says_which_threads(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench.profiling, "others_busy_now", lambda seconds=0.3: 0.0)
+    monkeypatch.setattr(bench.bench_report, "assess_contention", lambda rows, **kw: _quiet(kw))
+    res = CliRunner().invoke(bench.command, [*TINY, "--output", "r.json", "--threads", "1"])
+    assert res.exit_code == 0, res.output
+    assert "threads: 1 (--threads)" in res.stderr and "warning" not in res.output.lower()
+    assert results.read_result(tmp_path / "r.json", "bench_result")["evidence_level"] == "measured"
+
+
+def _quiet(kw):
+    return {"disturbed": False, "reasons": [], "cores": kw["cores"], "threads": kw["threads"],
+            "threads_source": kw["threads_source"], "others_cpu_cores_before": kw["others_before"],
+            "others_cpu_cores": kw["others_during"], "loadavg_before": kw["loadavg_before"], "method": "test"}
+
+
+def test_show_plot_names_runs_and_draws_shared_guides_once(doc, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    real = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        drawn["fig"] = self
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    other = copy.deepcopy(doc)
+    other["identity"]["run_label"] = "second"
+    bench_report.plot_results([doc, other], tmp_path / "two.png")
+    fig = drawn["fig"]
+    title = fig._suptitle.get_text()
+    assert "[1] arch-linear-recurrence-v2_t:" in title and "[2] arch-linear-recurrence-v2_second:" in title
+    ax_b = fig.axes[0]
+    labels = [t.get_text() for t in ax_b.get_legend().get_texts()]
+    assert sum("KV bytes" in label for label in labels) == 1  # the same line in both runs: drawn once
+    marks = [t.get_text() for t in ax_b.texts]
+    assert marks == ["[1, 2] bytes equal at L=2"]  # both candidates of both runs at one L: one label

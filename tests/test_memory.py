@@ -276,7 +276,7 @@ def test_cli_writes_json_and_png_and_refuses_to_overwrite(tmp_path):
     assert doc["crossovers"]["per_layer"] == 1048 and doc["model"]["source"]["model"].startswith("Qwen/")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = CliRunner().invoke(cli_main, args)
-    assert again.exit_code == 2 and "exists; pass --overwrite" in again.output
+    assert again.exit_code == 2 and "exists; refusing to overwrite" in again.output
     assert json.loads(out.read_text()) == doc
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

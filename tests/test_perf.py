@@ -200,7 +200,7 @@ def test_cli_writes_files_and_refuses_to_overwrite(tmp_path):
     assert [c["name"] for c in saved["cases"]] == ["decode/gated_head/linattn/B1"]
     assert md.read_text() in first.output  # the same Markdown is printed
     again = CliRunner().invoke(perf.command, args)
-    assert again.exit_code == 2 and "exists; pass --overwrite" in again.output
+    assert again.exit_code == 2 and "exists; refusing to overwrite" in again.output
     assert json.loads(out.read_text()) == saved
     assert CliRunner().invoke(perf.command, [*args, "--overwrite", "--no-memory"]).exit_code == 0
     assert json.loads(out.read_text())["cases"][0]["peak_mem_bytes"] is None

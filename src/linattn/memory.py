@@ -22,6 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from linattn.jsonfile import read_json
+
 # Element sizes by name. Names are matched case-insensitively; "torch." prefixes (as in some configs) are dropped.
 DTYPE_BYTES = {
     "float64": 8, "fp64": 8,
@@ -32,15 +34,23 @@ DTYPE_BYTES = {
 
 
 # ---------------------------------------------------------------------------------------------- validation
+# Upper bounds that keep every answer constant in time and memory: a plan lists its layers (bounded by
+# MAX_LAYERS), everything else is integer arithmetic on bounded numbers. Each is far above any real model.
+MAX_LAYERS = 100_000  # real models have at most a few hundred layers
+MAX_SEQ_LEN = 2**50  # about 1.1e15 tokens
+MAX_SIZE = 2**24  # batch, heads, widths, kernel sizes, byte counts of a dtype
 
 
-def _check_int(name: str, value: object, *, minimum: int = 1) -> int:
+def _check_int(name: str, value: object, *, minimum: int = 1, maximum: int = MAX_SIZE) -> int:
     # bool is an int subclass; True as a head count is a bug upstream, not a 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if value < minimum:
         what = "positive" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{name} must be {what}, got {value}")
+    if value > maximum:
+        shown = f"{value:,}" if value.bit_length() < 200 else f"an integer of {value.bit_length()} bits"
+        raise ValueError(f"{name} must be at most {maximum:,}, got {shown} (far beyond any real model)")
     return value
 
 
@@ -82,16 +92,17 @@ def state_bytes(
     b = _dtype_arg(dtype_bytes)
     r = _check_int("feature_dim", feature_dim)
     per_head = r * _check_int("value_dim", value_dim) + (r if normalizer else 0)
-    return _check_int("batch", batch) * _check_int("layers", layers) * _check_int("heads", heads) * per_head * b
+    L = _check_int("layers", layers, maximum=MAX_LAYERS)
+    return _check_int("batch", batch) * L * _check_int("heads", heads) * per_head * b
 
 
 def kv_cache_bytes(batch: int, layers: int, kv_heads: int, head_dim: int, seq_len: int, dtype_bytes: int | str) -> int:
     """Bytes of a KV cache holding ``seq_len`` tokens: ``B·L·H_kv·2·T·d·b`` (keys and values)."""
     b = _dtype_arg(dtype_bytes)
-    T = _check_int("seq_len", seq_len, minimum=0)  # an empty cache is a real thing: 0 bytes
+    T = _check_int("seq_len", seq_len, minimum=0, maximum=MAX_SEQ_LEN)  # an empty cache is a real thing: 0 bytes
     return (
         _check_int("batch", batch)
-        * _check_int("layers", layers)
+        * _check_int("layers", layers, maximum=MAX_LAYERS)
         * _check_int("kv_heads", kv_heads)
         * 2
         * T
@@ -107,7 +118,8 @@ def conv_state_bytes(batch: int, layers: int, channels: int, kernel_size: int, d
     """
     b = _dtype_arg(dtype_bytes)
     k = _check_int("kernel_size", kernel_size)
-    return _check_int("batch", batch) * _check_int("layers", layers) * _check_int("channels", channels) * (k - 1) * b
+    L = _check_int("layers", layers, maximum=MAX_LAYERS)
+    return _check_int("batch", batch) * L * _check_int("channels", channels) * (k - 1) * b
 
 
 def crossover_length(state_bytes: int, kv_bytes_per_token: int) -> int:
@@ -115,8 +127,8 @@ def crossover_length(state_bytes: int, kv_bytes_per_token: int) -> int:
 
     Use it per head, per layer or for a whole model; the units only have to match. Exact integer arithmetic.
     """
-    s = _check_int("state_bytes", state_bytes)
-    kv = _check_int("kv_bytes_per_token", kv_bytes_per_token)
+    s = _check_int("state_bytes", state_bytes, maximum=2**256)  # products of bounded sizes
+    kv = _check_int("kv_bytes_per_token", kv_bytes_per_token, maximum=2**256)
     return -(-s // kv)
 
 
@@ -126,7 +138,7 @@ def _dtype_arg(value: int | str) -> int:
 
 def format_bytes(n: int) -> str:
     """Binary (IEC) units with two decimals: ``33816576 -> "32.25 MiB"``."""
-    _check_int("n", n, minimum=0)
+    _check_int("n", n, minimum=0, maximum=2**256)
     units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
     i = min(int(math.log(n, 1024)) if n else 0, len(units) - 1)
     while i and n < 1024**i:  # guard log rounding at exact powers
@@ -207,6 +219,8 @@ class LayerPlan:
     def __post_init__(self) -> None:
         if not self.layer_types:
             raise ValueError("LayerPlan.layer_types must name at least one layer")
+        if len(self.layer_types) > MAX_LAYERS:
+            raise ValueError(f"LayerPlan.layer_types: {len(self.layer_types):,} layers, more than {MAX_LAYERS:,}")
         bad = sorted({t for t in self.layer_types if t not in ("linear", "full")})
         if bad:
             raise ValueError(f"LayerPlan.layer_types: unknown layer type(s) {bad}; expected 'linear' or 'full'")
@@ -250,8 +264,8 @@ def plan_from_shapes(
 
     ``value_dim`` defaults to ``feature_dim``, ``kv_heads`` to ``heads``, ``head_dim`` to ``feature_dim``.
     """
-    _check_int("layers", layers)
-    interval = _check_int("full_attention_interval", full_attention_interval, minimum=0)
+    _check_int("layers", layers, maximum=MAX_LAYERS)
+    interval = _check_int("full_attention_interval", full_attention_interval, minimum=0, maximum=MAX_LAYERS)
     types = tuple("full" if interval and (i + 1) % interval == 0 else "linear" for i in range(layers))
     linear = LinearMixer(
         heads=_check_int("heads", heads),
@@ -295,7 +309,8 @@ _KIMI_LINEAR_IGNORED = {"gate_lower_bound", "use_full_rank_gate"}
 _QWEN_LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
-def _ckey(config: Mapping[str, Any], key: str, *, prefix: str = "", default: Any = ..., minimum: int = 1) -> int:
+def _ckey(config: Mapping[str, Any], key: str, *, prefix: str = "", default: Any = ..., minimum: int = 1,
+          maximum: int = MAX_SIZE) -> int:
     """A positive integer from the config, with an error that names the key."""
     if key not in config or config[key] is None:
         if default is ...:
@@ -304,6 +319,8 @@ def _ckey(config: Mapping[str, Any], key: str, *, prefix: str = "", default: Any
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"config key {prefix + key!r} must be an integer >= {minimum}, got {value!r}")
+    if value > maximum:
+        raise ValueError(f"config key {prefix + key!r} must be at most {maximum:,} (far beyond any real model)")
     return value
 
 
@@ -395,7 +412,7 @@ def plan_from_config(config: Mapping[str, Any], *, strict: bool = True, name: st
         raise ValueError(f"config: mixes Kimi 'linear_attn_config' with Qwen3-Next keys {qwen_keys}; use one style")
     if strict:
         _check_keys(config, _USED_KEYS | _IGNORED_KEYS)
-    n_layers = _ckey(config, "num_hidden_layers")
+    n_layers = _ckey(config, "num_hidden_layers", maximum=MAX_LAYERS)
     attention = _attention_cache(config)
     dtype_key = "torch_dtype" if config.get("torch_dtype") is not None else "dtype"
     dtype_name = config.get(dtype_key) or "bfloat16"
@@ -440,14 +457,10 @@ def plan_from_config(config: Mapping[str, Any], *, strict: bool = True, name: st
 def load_config(path: str | Path, *, strict: bool = True) -> LayerPlan:
     """Read a ``config.json`` file into a :class:`LayerPlan`; errors name the file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ValueError(f"config: cannot read {str(p)!r}: {e.strerror or e}") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"config: {str(p)!r} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
+    try:  # a regular file of bounded size, bounded nesting and finite numbers (linattn.jsonfile)
+        data = read_json(p, what="config:")
+    except FileNotFoundError as e:
+        raise ValueError(f"config: cannot read {str(p)!r}: it does not exist") from e
     try:
         return plan_from_config(data, strict=strict, name=p.stem if p.name != "config.json" else p.parent.name)
     except (TypeError, ValueError) as e:
@@ -496,7 +509,7 @@ def memory_report(
     state_dtype = canonical_dtype(state_dtype, name="state_dtype")
     sb, kb, cb = dtype_bytes(state_dtype), dtype_bytes(kv_dtype), dtype_bytes(conv_dtype)
     lin, att = plan.linear, plan.attention
-    lens = [_check_int("seq_len", T, minimum=0) for T in seq_lens]
+    lens = [_check_int("seq_len", T, minimum=0, maximum=MAX_SEQ_LEN) for T in seq_lens]
     if not lens:
         raise ValueError("seq_lens must name at least one length")
 

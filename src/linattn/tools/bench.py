@@ -13,6 +13,7 @@ by side and can plot them. docs/bench.md explains what is measured and how.
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,14 +24,34 @@ import torch
 
 import linattn
 from linattn.tools import bench_plan as bp
-from linattn.tools import bench_report, bench_workload, results
+from linattn.tools import bench_report, bench_workload, cli_files, profiling, results
 from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, DTYPES, Plan
 from linattn.tools.bench_report import SCHEMA, format_table, plot_results
+from linattn.tools.profiling import BusyMeter
+
+# On machines with at most this many cores the CPU run uses one torch thread unless --threads says otherwise.
+SMALL_MACHINE_CORES = 4
 
 
-def run(plan: Plan, identity: dict[str, Any]) -> dict[str, Any]:
-    """Measure every path at every length with a progress bar on stderr; a failure mid-run is recorded with the
-    rows measured so far (never invented ones)."""
+def default_threads(device: str, cores: int | None) -> tuple[int | None, str]:
+    """The thread count a run uses when --threads is not given (None: leave torch's), and why.
+
+    A decode step is a few small kernels, and torch's intra-op threads wait for each other at the end of every
+    one: when the OS deschedules one of them the whole step waits a scheduler slice. On a 2-core machine with one
+    busy competitor, 2 threads made steps of 0.05 ms take 12-24 ms and the p90 of a quiet run 8-16 ms, while
+    1 thread stayed at 0.05 ms (p90 under 0.3 ms). The price is SDPA's parallel speedup over the cache (1.6 ms
+    against 1.1 ms at L=8192 on an idle machine), so runs compare at equal thread counts (hardware.threads).
+    Large machines keep torch's choice."""
+    if device == "cpu" and cores is not None and cores <= SMALL_MACHINE_CORES:
+        return 1, f"default: 1 thread on a machine with {cores} <= {SMALL_MACHINE_CORES} cores (stable timings)"
+    return None, "default: torch's own choice"
+
+
+def run(plan: Plan, identity: dict[str, Any], *, progress: bool = True, threads_source: str = "torch's own choice",
+        others_before: float | None = None, loadavg_before: list[float] | None = None) -> dict[str, Any]:
+    """Measure every path at every length with a progress bar on stderr (unless ``progress`` is off); a failure
+    mid-run is recorded with the rows measured so far (never invented ones). Other processes' CPU use is measured
+    over the whole run and judged with the rows (:func:`bench_report.assess_contention`)."""
     from tqdm import tqdm
 
     steps_per = plan.warmup + plan.repeats * (2 if plan.device == "cuda" else 1)
@@ -38,7 +59,9 @@ def run(plan: Plan, identity: dict[str, Any]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     failure, transient_ok = None, True
-    with tqdm(total=total, desc="bench", unit="step", file=sys.stderr, mininterval=0.5, leave=False) as bar:
+    meter = BusyMeter().start()
+    with tqdm(total=total, desc="bench", unit="step", file=sys.stderr, mininterval=0.5, leave=False,
+              disable=not progress) as bar:
         try:
             tokens = bench_workload.make_tokens(plan)
             transient_ok = bench_workload.measure(
@@ -46,14 +69,25 @@ def run(plan: Plan, identity: dict[str, Any]) -> dict[str, Any]:
             )
         except (RuntimeError, MemoryError) as exc:  # e.g. CUDA out of memory: record it, keep what was measured
             failure = {"stage": "measure", "message": f"{type(exc).__name__}: {exc}".strip()[:2000]}
+    hardware = bp.hardware_info(plan.device)
+    contention = bench_report.assess_contention(
+        rows,
+        cores=hardware["cpu_count"],
+        threads=hardware["threads"],
+        threads_source=threads_source,
+        others_before=others_before,
+        others_during=meter.stop(),
+        loadavg_before=loadavg_before,
+    )
     return bench_report.build_document(
         plan,
         identity=identity,
-        hardware=bp.hardware_info(plan.device),
+        hardware=hardware,
         rows=rows,
         reference_checks=checks,
         failure=failure,
         transient_measured=transient_ok,
+        contention=contention,
     )
 
 
@@ -150,7 +184,8 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
     "--threads",
     default=None,
     type=click.IntRange(min=1),
-    help="torch.set_num_threads for the run (recorded in hardware.threads); default: torch's own choice.",
+    help=f"torch.set_num_threads for the run (recorded in hardware.threads); default: 1 on a CPU with at most "
+    f"{SMALL_MACHINE_CORES} cores (steady timings on small machines, docs/bench.md), else torch's own choice.",
 )
 @click.option(
     "--run-label",
@@ -161,16 +196,17 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
 @click.option(
     "--output",
     default=None,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Result file; default benchmarks/results/<workload-id>_<run-label>.json.",
+    type=cli_files.FILE,
+    help="Result file; default benchmarks/results/<workload-id>_<run-label>.json under the current folder.",
 )
 @click.option("--semantic-id", default="ARCH-RECURRENT-STATE-MECHANISM", callback=_label_option)
 @click.option("--workload-id", default="arch-linear-recurrence-v2", callback=_label_option)
 @click.option("--profile-id", default=None, callback=_label_option, help="Default <device>-<dtype>.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing result file (and plot).")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @click.option("--dry-run", is_flag=True, help="Check the device, dtypes and memory and print the plan; write nothing.")
 @click.option(
-    "--plot", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Also draw the result to this PNG."
+    "--plot", default=None, type=cli_files.FILE, help="Also draw the result to this PNG."
 )
 @click.pass_context
 def command(ctx: click.Context, **opts: Any) -> None:
@@ -186,19 +222,20 @@ def command(ctx: click.Context, **opts: Any) -> None:
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     run_label = opts["run_label"] or f"{device}-{now:%Y%m%dT%H%M%SZ}"
     output = opts["output"] or results.default_result_path("benchmarks/results", opts["workload_id"], run_label)
-    for path, what in ((output, "--output"), (opts["plot"], "--plot")):
-        if path is None:
-            continue
-        try:  # before measuring: a run of minutes should not end in a refusal
-            results.refuse_existing(path, overwrite=opts["overwrite"])
-        except FileExistsError as exc:
-            raise click.UsageError(f"{what} {exc}") from None
+    # before measuring: a run of minutes should not end in a refusal
+    cli_files.check_outputs(opts["overwrite"], {"--output": output, "--plot": opts["plot"]})
 
-    if opts["threads"] is not None:
-        torch.set_num_threads(opts["threads"])
+    threads, threads_source = opts["threads"], "--threads"
+    if threads is None:
+        threads, threads_source = default_threads(device, os.cpu_count())
+    if threads is not None:
+        before = torch.get_num_threads()
+        ctx.call_on_close(lambda: torch.set_num_threads(before))  # callers in-process keep their setting
+        torch.set_num_threads(threads)
     checks, failure = bp.preflight(plan, cuda_available=cuda_available)
     echo = click.echo if opts["dry_run"] else (lambda s: click.echo(s, err=True))
     echo(_plan_text(plan, output))
+    echo(f"  threads: {torch.get_num_threads()} ({threads_source})")
     for c in checks:
         echo(f"  check {c['check']}: {'ok' if c['ok'] else 'FAILED'} ({c['detail']})")
     if failure is not None:
@@ -216,31 +253,45 @@ def command(ctx: click.Context, **opts: Any) -> None:
         "created_utc": f"{now:%Y-%m-%dT%H:%M:%SZ}",
         "linattn_version": linattn.__version__,
     }
-    doc = run(plan, identity)
-    try:
-        results.write_result(doc, output, SCHEMA, overwrite=opts["overwrite"])
-    except FileExistsError as exc:  # appeared while the benchmark ran
-        raise click.UsageError(str(exc)) from None
+    others_before = profiling.others_busy_now()
+    early = profiling.busy_reason(others_before, os.cpu_count(), torch.get_num_threads())
+    if early:
+        click.echo(f"warning: the machine is busy ({early}); timings may not be representative", err=True)
+    doc = run(
+        plan,
+        identity,
+        progress=not opts["no_progress"],
+        threads_source=threads_source,
+        others_before=others_before,
+        loadavg_before=profiling.load_info()["loadavg"],
+    )
     click.echo(format_table([doc]))
-    click.echo(f"wrote {output}")
+    cli_files.write(
+        "--output", lambda p, overwrite: results.write_result(doc, p, SCHEMA, overwrite=overwrite), output,
+        overwrite=opts["overwrite"],
+    )
     if opts["plot"] is not None:
-        plot_results([doc], opts["plot"], overwrite=opts["overwrite"])
-        click.echo(f"wrote {opts['plot']}")
+        cli_files.write("--plot", lambda p, overwrite: plot_results([doc], p, overwrite=overwrite), opts["plot"],
+                        overwrite=opts["overwrite"])
+    if doc["evidence_level"] == "disturbed":
+        click.echo("warning: timings disturbed (see contention in the result file); rerun on a quiet machine before "
+                   "trusting the step times or the time crossover", err=True)
     if doc["failure"] is not None:
         ctx.exit(1)
 
 
 @command.command("show")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True, type=cli_files.FILE)
 @click.option(
     "--plot",
     default=None,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=cli_files.FILE,
     help="Draw state bytes and step time against L (log-log) to this PNG.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing plot file.")
 def show(files: tuple[Path, ...], plot: Path | None, overwrite: bool) -> None:
     """Print saved result files side by side; optionally plot them."""
+    cli_files.check_outputs(overwrite, {"--plot": plot})
     docs = []
     for f in files:
         try:
@@ -249,8 +300,5 @@ def show(files: tuple[Path, ...], plot: Path | None, overwrite: bool) -> None:
             raise click.BadParameter(str(exc), param_hint="FILES") from None
     click.echo(format_table(docs))
     if plot is not None:
-        try:
-            plot_results(docs, plot, overwrite=overwrite)
-        except FileExistsError as exc:
-            raise click.UsageError(str(exc)) from None
-        click.echo(f"wrote {plot}")
+        cli_files.write("--plot", lambda p, overwrite: plot_results(docs, p, overwrite=overwrite), plot,
+                        overwrite=overwrite)

@@ -18,9 +18,22 @@ import numpy as np
 from linattn.tools import results
 from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, FEATURES, Plan, normalizes
 from linattn.tools.bench_workload import PEAK_MEMORY_METHOD, TIMING_METHOD, TRANSIENT_UNAVAILABLE
+from linattn.tools.profiling import busy_reason
 
 SCHEMA = "bench_result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 adds ``contention`` and evidence level "disturbed"; files of version 1 stay readable
+# A row is unstable when its p90 step is this many times its median (quiet runs stay under 2.5: the first step of
+# each turn of 10 may find its data out of cache); the fixed state's step does the same work at every L, so its
+# median changing more than STATE_FLAT_FACTOR-fold over L means something else took the time.
+UNSTABLE_P90_FACTOR = 5.0
+STATE_FLAT_FACTOR = 3.0
+CONTENTION_METHOD = (
+    "others_cpu_cores: CPU seconds the whole machine spent busy (/proc/stat) minus this process's own CPU time, "
+    "over the wall time, sampled for 0.3 s before the run (others_cpu_cores_before) and over the whole "
+    "measurement (others_cpu_cores); disturbed when either exceeds 20% of the cores, when a row's p90 step is over "
+    f"{UNSTABLE_P90_FACTOR:g}x its median, or when a fixed state's median step (the same work at every L) varies "
+    f"over {STATE_FLAT_FACTOR:g}x across L"
+)
 
 
 def _index(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -145,6 +158,56 @@ def decide(
     )
 
 
+def assess_contention(
+    rows: Sequence[dict[str, Any]],
+    *,
+    cores: int | None,
+    threads: int,
+    threads_source: str,
+    others_before: float | None,
+    others_during: float | None,
+    loadavg_before: Sequence[float] | None,
+) -> dict[str, Any]:
+    """Whether the timings can be trusted: other processes' CPU use before and during the run, and two signs
+    in the rows themselves (a p90 far above the median; a fixed state whose step time moves with L). Pure."""
+    reasons = []
+    for when, others in (("before the run", others_before), ("during the run", others_during)):
+        why = busy_reason(others, cores, threads)
+        if why:
+            reasons.append(f"{why} {when}")
+    for r in rows:
+        if r["median_step_ms"] > 0 and r["p90_step_ms"] > UNSTABLE_P90_FACTOR * r["median_step_ms"]:
+            reasons.append(
+                f"{r['path']}@L={r['sequence_length']}: p90 step {r['p90_step_ms']:.3g} ms is "
+                f"{r['p90_step_ms'] / r['median_step_ms']:.0f}x the median {r['median_step_ms']:.3g} ms"
+            )
+    for path in sorted({r["path"] for r in rows if r["path"] != BASELINE}):
+        med = [r["median_step_ms"] for r in rows if r["path"] == path]
+        if len(med) >= 2 and min(med) > 0 and max(med) > STATE_FLAT_FACTOR * min(med):
+            reasons.append(
+                f"{path}: median step {min(med):.3g} to {max(med):.3g} ms across L although its work does not "
+                "depend on L"
+            )
+    return {
+        "disturbed": bool(reasons),
+        "reasons": reasons,
+        "cores": cores,
+        "threads": threads,
+        "threads_source": threads_source,
+        "others_cpu_cores_before": others_before,
+        "others_cpu_cores": others_during,
+        "loadavg_before": None if loadavg_before is None else [float(x) for x in loadavg_before],
+        "method": CONTENTION_METHOD,
+    }
+
+
+def evidence_level(failure: dict[str, str] | None, contention: dict[str, Any] | None) -> str:
+    """``incomplete`` (the run failed), ``disturbed`` (timings not to be trusted) or ``measured``."""
+    if failure:
+        return "incomplete"
+    return "disturbed" if contention and contention["disturbed"] else "measured"
+
+
 # ---------------------------------------------------------------------------------------------------- documents
 def describe_paths(plan: Plan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     baseline = {
@@ -180,7 +243,9 @@ def build_document(
     reference_checks: list[dict[str, Any]],
     failure: dict[str, str] | None,
     transient_measured: bool = True,
+    contention: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The result file's document; ``contention`` (see :func:`assess_contention`) is required by schema 2."""
     baseline, candidates = describe_paths(plan)
     comparisons, crossovers = compare(rows, plan.candidate_paths)
     memory_method = PEAK_MEMORY_METHOD[plan.device]
@@ -201,7 +266,8 @@ def build_document(
             "comparisons": comparisons,
             "crossovers": crossovers,
         },
-        "evidence_level": "incomplete" if failure else "measured",
+        "evidence_level": evidence_level(failure, contention),
+        "contention": contention,
         "failure": failure,
         "decision": decide(
             rows,
@@ -265,6 +331,14 @@ def _summary(i: int, d: dict[str, Any]) -> list[str]:
         )
     if d["failure"]:
         lines.append(f"[{i}] failure ({d['failure']['stage']}): {d['failure']['message']}")
+    cont = d.get("contention")
+    if cont and cont["disturbed"]:
+        lines.append(f"[{i}] WARNING: timings disturbed, step times and the time crossover are not to be trusted:")
+        lines += [f"    - {why}" for why in cont["reasons"][:6]]
+        if len(cont["reasons"]) > 6:
+            lines.append(f"    - and {len(cont['reasons']) - 6} more (contention.reasons in the file)")
+    elif "contention" not in d:
+        lines.append(f"[{i}] (schema version {d['schema_version']}: contention was not recorded)")
     lines.append(f"[{i}] decision: {d['decision']['outcome']} - {d['decision']['reason']}")
     return lines
 
@@ -301,61 +375,106 @@ def format_table(docs: Sequence[dict[str, Any]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- plot
-def _mark(ax, x: float, text: str, *, ls: str, fontsize: int) -> None:
-    """A vertical line at ``x`` with its label written along it, top down."""
+def _mark(ax, x: float, text: str, *, ls: str, fontsize: int, y: float = 0.97) -> None:
+    """A vertical line at ``x`` with its label written along it, top down from height ``y`` (axes fraction)."""
     ax.axvline(x, ls=ls, color="gray")
     ax.annotate(
-        text, (x, 0.97), xycoords=("data", "axes fraction"), fontsize=fontsize, va="top", ha="right", rotation=90
+        text, (x, y), xycoords=("data", "axes fraction"), fontsize=fontsize, va="top", ha="right", rotation=90,
+        bbox={"fc": "white", "ec": "none", "alpha": 0.8, "pad": 1},
     )
 
 
-def _plot_doc(ax_b, ax_t, d: dict[str, Any], i: int, tag: str) -> None:
-    """One result file's lines on the bytes (``ax_b``) and time (``ax_t``) axes."""
-    markers = "os^Dv<>"
+_RUN_STYLES = ("-", "--", ":", "-.")
+_PATH_MARKERS = "os^Dv<>"
+
+
+def run_name(d: dict[str, Any]) -> str:
+    """``<workload_id>_<run_label>``: the default file name of a run, which is how runs are told apart."""
+    return f"{d['identity']['workload_id']}_{d['identity']['run_label']}"
+
+
+def _run_key(i: int, d: dict[str, Any]) -> str:
+    hw, ident = d["hardware"], d["identity"]
+    flag = ", TIMINGS DISTURBED" if d.get("evidence_level") == "disturbed" else ""
+    return f"[{i + 1}] {run_name(d)}: {hw['device']}, {hw['threads']} threads, {ident['created_utc']}{flag}"
+
+
+def _plot_doc(ax_b, ax_t, d: dict[str, Any], i: int, tag: str, path_colors: dict[str, str]) -> list[str]:
+    """One result file's lines on the bytes (``ax_b``) and time (``ax_t``) axes: the color says the path, the
+    line style the run. Returns the time-crossover notes that have no mark to draw."""
     rows = d["metrics"]["rows"]
     paths = [BASELINE] + [c["path"] for c in d["candidates"]]
-    for j, path in enumerate(paths):
+    for path in paths:
         pr = sorted((r for r in rows if r["path"] == path), key=lambda r: r["sequence_length"])
         if not pr:
             continue
+        color = path_colors.setdefault(path, f"C{len(path_colors) % 10}")
+        style = {"marker": _PATH_MARKERS[list(path_colors).index(path) % 7], "color": color,
+                 "ls": _RUN_STYLES[i % len(_RUN_STYLES)]}
         Ls = [r["sequence_length"] for r in pr]
-        style = {"marker": markers[j % len(markers)], "color": f"C{(i * len(paths) + j) % 10}"}
         ax_b.plot(Ls, [r["state_bytes"] for r in pr], label=f"{tag}{path}", **style)
         med = np.array([r["median_step_ms"] for r in pr])
         p90 = np.array([r["p90_step_ms"] for r in pr])
         ax_t.errorbar(Ls, med, yerr=[np.zeros_like(med), p90 - med], capsize=3, label=f"{tag}{path}", **style)
-    crosses = d["metrics"]["crossovers"]
-    for Lb in sorted({round(c["bytes_crossover_length"]) for c in crosses}):
-        _mark(ax_b, Lb, f"{tag}bytes equal at L={Lb:,.0f}", ls=":", fontsize=8)
     notes = []
-    for cross in crosses:
+    for k, cross in enumerate(d["metrics"]["crossovers"]):
         Lt = cross["time_crossover_length"]
-        if Lt is not None:
-            _mark(ax_t, Lt, f"{tag}{cross['path']}: equal step time at L~{Lt:,.0f}", ls="--", fontsize=7)
+        if Lt is not None:  # staggered per run and candidate so that labels at nearby L do not overlap
+            _mark(ax_t, Lt, f"{tag}L~{Lt:,.0f}", ls=_RUN_STYLES[i % len(_RUN_STYLES)], fontsize=7,
+                  y=0.97 - 0.2 * ((i + k) % 4))
         else:
             notes.append(f"{tag}{cross['path']}: {cross['time_crossover_note']}")
-    for k, note in enumerate(notes):
-        ax_t.text(0.02, 0.02 + 0.05 * (k + i * len(crosses)), note, transform=ax_t.transAxes, fontsize=7)
-    base = sorted((r for r in rows if r["path"] == BASELINE), key=lambda r: r["sequence_length"])
-    if base and crosses:
-        # The KV bytes are exactly linear in L and the state's constant: extend both down to the crossover.
-        per_token = base[-1]["state_bytes"] / base[-1]["sequence_length"]
-        lo = min(min(c["bytes_crossover_length"] for c in crosses), base[0]["sequence_length"])
-        xs = np.geomspace(max(lo / 2, 1), base[-1]["sequence_length"], 50)
-        ax_b.plot(xs, per_token * xs, ls="--", color="gray", lw=0.8, label=f"{tag}KV bytes = {per_token:,.0f} * L")
-        for state in sorted({r["state_bytes"] for r in rows if r["path"] != BASELINE}):
-            ax_b.plot(xs, np.full_like(xs, state), ls="--", color="gray", lw=0.5)
+    return notes
+
+
+def _bytes_guides(ax_b, docs: Sequence[dict[str, Any]]) -> None:
+    """Where the KV bytes (exactly linear in L) meet each state's constant bytes: drawn once per distinct line,
+    with the runs that share it, so identical runs do not stack identical labels."""
+    fits: dict[float, list[int]] = {}
+    marks: dict[int, list[int]] = {}
+    states: set[int] = set()
+    lo, hi = math.inf, 0
+    for i, d in enumerate(docs):
+        rows, crosses = d["metrics"]["rows"], d["metrics"]["crossovers"]
+        base = sorted((r for r in rows if r["path"] == BASELINE), key=lambda r: r["sequence_length"])
+        if not base or not crosses:
+            continue
+        fits.setdefault(base[-1]["state_bytes"] / base[-1]["sequence_length"], []).append(i + 1)
+        for c in crosses:
+            marks.setdefault(round(c["bytes_crossover_length"]), []).append(i + 1)
+        states |= {r["state_bytes"] for r in rows if r["path"] != BASELINE}
+        lo = min(lo, base[0]["sequence_length"], *(c["bytes_crossover_length"] for c in crosses))
+        hi = max(hi, base[-1]["sequence_length"])
+    if not fits:
+        return
+    many = len(docs) > 1
+    xs = np.geomspace(max(lo / 2, 1), hi, 50)
+    for per_token, runs in fits.items():
+        who = f"{runs} " if many else ""
+        ax_b.plot(xs, per_token * xs, ls="--", color="gray", lw=0.8, label=f"{who}KV bytes = {per_token:,.0f} * L")
+    for state in sorted(states):
+        ax_b.plot(xs, np.full_like(xs, state), ls="--", color="gray", lw=0.5)
+    for k, (Lb, runs) in enumerate(sorted(marks.items())):
+        who = f"{sorted(set(runs))} " if many else ""
+        _mark(ax_b, Lb, f"{who}bytes equal at L={Lb:,.0f}", ls=":", fontsize=8, y=0.97 - 0.25 * (k % 3))
 
 
 def plot_results(docs: Sequence[dict[str, Any]], out: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """State bytes and median step time against L, log-log, both paths, crossovers marked; written atomically."""
+    """State bytes and median step time against L, log-log, every path of every run (color: path, line style:
+    run), crossovers marked, runs named under the title; written atomically."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    many = len(docs) > 1
+    fig = Figure(figsize=(12, 5.6 + (0.22 * len(docs) if many else 0)), layout="constrained")
     ax_b, ax_t = fig.subplots(1, 2)
+    colors: dict[str, str] = {}
+    notes = []
     for i, d in enumerate(docs):
-        _plot_doc(ax_b, ax_t, d, i, f"[{i + 1}] " if len(docs) > 1 else "")
+        notes += _plot_doc(ax_b, ax_t, d, i, f"[{i + 1}] " if many else "", colors)
+    _bytes_guides(ax_b, docs)
+    for k, note in enumerate(notes):
+        ax_t.text(0.02, 0.02 + 0.05 * k, note, transform=ax_t.transAxes, fontsize=7)
     all_lengths = sorted({r["sequence_length"] for d in docs for r in d["metrics"]["rows"]})
     for ax, ylabel in ((ax_b, "bytes kept between steps"), (ax_t, "step time, median (bar to p90), ms")):
         ax.set_xscale("log")
@@ -365,13 +484,19 @@ def plot_results(docs: Sequence[dict[str, Any]], out: str | os.PathLike, *, over
         ax.grid(True, which="both", alpha=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.legend(fontsize=8)
+        # below the axes: inside, a legend would hide the crossover labels near the smallest L
+        ax.legend(fontsize=7 if many else 8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
         ax.set_xticks(all_lengths)
     d0 = docs[0]
     w = d0["workload"]
-    fig.suptitle(
-        f"decode step: explicit KV history vs fixed recurrent state ({d0['hardware']['device']}, {w['dtype']}, "
-        f"state {w['state_dtype']}, B={w['batch']} H={w['query_heads']} D={w['head_dim']})",
-        fontsize=10,
-    )
+    shape = (f"{d0['hardware']['device']}, {w['dtype']}, state {w['state_dtype']}, B={w['batch']} "
+             f"H={w['query_heads']} D={w['head_dim']}")
+    title = "decode step: explicit KV history vs fixed recurrent state"
+    if many:
+        title += "\n" + "\n".join(_run_key(i, d) for i, d in enumerate(docs))
+    else:
+        title += f" ({shape}, {run_name(d0)})"
+        if d0.get("evidence_level") == "disturbed":
+            title += "\nTIMINGS DISTURBED by other processes (contention.reasons in the file): do not trust the times"
+    fig.suptitle(title, fontsize=9 if many else 10)
     return results.atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120), overwrite=overwrite)

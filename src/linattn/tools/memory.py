@@ -23,6 +23,7 @@ from linattn.memory import (
     memory_report,
     plan_from_shapes,
 )
+from linattn.tools import cli_files
 from linattn.tools.results import atomic_write, atomic_write_json
 
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 262144, 1048576)
@@ -154,15 +155,38 @@ def _plot(path: Path, report: dict[str, Any], *, overwrite: bool) -> None:
         plt.close(fig)
 
 
-def _write(writer, path: Path, what: Any, overwrite: bool) -> None:
-    # results.atomic_write refuses an existing file (also one that appears mid-write) with FileExistsError
-    try:
-        writer(path, what, overwrite=overwrite)
-    except FileExistsError as e:
-        raise click.UsageError(str(e)) from e
+def presets_side_by_side(seq_lens=(4096, 131072, 1048576), **settings: Any) -> list[str]:
+    """What ``linattn memory`` prints without a model: every shipped preset in one table, hybrid against full
+    attention in every layer at a few lengths, then how to ask for one model in full."""
+    reports = [memory_report(load_preset(name), seq_lens, **settings) for name in list_presets()]
+    head = ["", *(r["model"]["name"] for r in reports)]
+    body = [
+        ["layers (L linear, F full)", *(f"{r['model']['layers']} {r['model']['pattern']}" for r in reports)],
+        ["fixed state per linear layer", *(_bytes(r["per_layer"]["linear_fixed_bytes"]) for r in reports)],
+        ["KV cache per full layer, per token", *(_bytes(r["per_layer"]["kv_bytes_per_token"]) for r in reports)],
+        ["crossover per layer (tokens)", *(f"T = {r['crossovers']['per_layer']:,}" for r in reports)],
+    ]
+    for k, T in enumerate(seq_lens):
+        body.append([f"hybrid / all full at T = {T:,}", *(
+            f"{format_bytes(r['rows'][k]['hybrid_bytes'])} / {format_bytes(r['rows'][k]['all_full_kv_bytes'])}"
+            for r in reports)])
+    widths = [max(len(row[j]) for row in [head, *body]) for j in range(len(head))]
+    fmt = lambda cells: "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True)))  # noqa: E501, E731
+    s = reports[0]["settings"]
+    return [
+        f"linattn memory: the shipped presets side by side (batch {s['batch']}, state {s['state_dtype']}, KV in "
+        "each model's dtype)",
+        "",
+        fmt(head),
+        fmt(["-" * w for w in widths]),
+        *(fmt(row) for row in body),
+        "",
+        "For one model in full: linattn memory --preset NAME | --config config.json | --layers N --heads H "
+        "--feature-dim R [--seq-len T ...] (linattn memory --help).",
+    ]
 
 
-def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes: dict[str, Any]) -> LayerPlan:
+def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes: dict[str, Any]) -> LayerPlan | None:
     given_shapes = [f"--{k.replace('_', '-')}" for k, v in shapes.items() if v is not None]
     sources = [name for name, v in (("--preset", preset), ("--config", config)) if v is not None]
     if len(sources) > 1 or (sources and given_shapes):
@@ -174,16 +198,21 @@ def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes:
             return load_config(config, strict=not ignore_unknown)
     except (TypeError, ValueError) as e:
         raise click.BadParameter(str(e), param_hint="--preset" if preset else "--config") from e
+    if not given_shapes:
+        return None  # nothing asked: the caller shows the presets side by side
     missing = [f"--{k.replace('_', '-')}" for k in ("layers", "heads", "feature_dim") if shapes[k] is None]
     if missing:
         raise click.UsageError(f"give --preset NAME, --config FILE, or shape flags (missing {missing})")
     interval = shapes["full_attention_interval"]
-    return plan_from_shapes(**{**shapes, "full_attention_interval": 4 if interval is None else interval})
+    try:
+        return plan_from_shapes(**{**shapes, "full_attention_interval": 4 if interval is None else interval})
+    except (TypeError, ValueError) as e:  # e.g. more layers than MAX_LAYERS
+        raise click.UsageError(str(e)) from None
 
 
 @click.command(name="memory")
 @click.option("--preset", type=click.Choice(list_presets()), help="A shipped real model config.")
-@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path), help="HF-style config.json.")
+@click.option("--config", "config", type=cli_files.FILE, help="HF-style config.json.")
 @click.option("--ignore-unknown-keys", is_flag=True, help="Skip config keys the planner does not know.")
 @click.option("--layers", type=POSITIVE, help="Number of layers (shape flags).")
 @click.option("--heads", type=POSITIVE, help="Linear-attention state heads.")
@@ -204,35 +233,50 @@ def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes:
 @click.option("--conv-state/--no-conv-state", default=True, show_default=True, help="Count short-conv buffers.")
 @click.option("--mla-cache", type=click.Choice(["latent", "expanded"]), default="latent", show_default=True)
 @click.option("--seq-len", "seq_lens", type=click.IntRange(min=0), multiple=True, help="Rows of the table.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the report as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Write bytes vs T as PNG.")
+@click.option("--output", type=cli_files.FILE, help="Write the report as JSON.")
+@click.option("--plot", type=cli_files.FILE, help="Write bytes vs T as PNG.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 def command(
     preset, config, ignore_unknown_keys, normalizer, batch, state_dtype, kv_dtype, conv_dtype, conv_state,
     mla_cache, seq_lens, output, plot, overwrite, **shapes,
 ) -> None:  # fmt: skip
-    """State vs KV-cache bytes, crossover lengths and hybrid layer plans."""
-    for path, flag in ((output, "--output"), (plot, "--plot")):
-        if path is not None and path.exists() and not overwrite:
-            raise click.UsageError(f"{flag} {path} exists; pass --overwrite to replace it")
+    """State vs KV-cache bytes, crossover lengths and hybrid layer plans.
+
+    Without --preset, --config or shape flags: the shipped presets side by side. Writes files only when asked
+    (--output JSON, --plot PNG).
+    """
+    cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot})
     plan = _plan(preset, config, ignore_unknown_keys, shapes)
+    if plan is None:
+        if output is not None or plot is not None:
+            raise click.UsageError("--output and --plot need one model: give --preset, --config or shape flags")
+        try:
+            lines = presets_side_by_side(**({"seq_lens": tuple(seq_lens)} if seq_lens else {}), batch=batch,
+                                         state_dtype=state_dtype, kv_dtype=kv_dtype, conv_dtype=conv_dtype,
+                                         include_conv=conv_state, mla_expanded=mla_cache == "expanded")
+        except (TypeError, ValueError) as e:
+            raise click.UsageError(str(e)) from None
+        click.echo("\n".join(lines))
+        return
     if normalizer is not None:
         plan = dataclasses.replace(plan, linear=dataclasses.replace(plan.linear, normalizer=normalizer))
-    report = memory_report(
-        plan,
-        seq_lens or DEFAULT_SEQ_LENS,
-        batch=batch,
-        state_dtype=state_dtype,
-        kv_dtype=kv_dtype,
-        conv_dtype=conv_dtype,
-        include_conv=conv_state,
-        mla_expanded=mla_cache == "expanded",
-    )
+    try:
+        report = memory_report(
+            plan,
+            seq_lens or DEFAULT_SEQ_LENS,
+            batch=batch,
+            state_dtype=state_dtype,
+            kv_dtype=kv_dtype,
+            conv_dtype=conv_dtype,
+            include_conv=conv_state,
+            mla_expanded=mla_cache == "expanded",
+        )
+    except (TypeError, ValueError) as e:  # e.g. a length beyond MAX_SEQ_LEN
+        raise click.UsageError(str(e)) from None
     click.echo("\n".join([*_describe(report), "", *_table(report)]))
     if output is not None:
         doc = {"tool": "linattn memory", "linattn_version": __version__, **report, "notes": NOTES}
-        _write(atomic_write_json, output, doc, overwrite)
-        click.echo(f"wrote {output}")
+        cli_files.write("--output", atomic_write_json, output, doc, overwrite=overwrite)
     if plot is not None:
-        _write(_plot, plot, report, overwrite)
-        click.echo(f"wrote {plot}")
+        cli_files.write("--plot", lambda p, overwrite: _plot(p, report, overwrite=overwrite), plot,
+                        overwrite=overwrite)

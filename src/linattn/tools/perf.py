@@ -14,7 +14,6 @@ import gc
 import math
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -30,9 +29,10 @@ import torch
 from tqdm import tqdm
 
 import linattn
+from linattn.tools import cli_files
 from linattn.tools import perf_peers as pp
 from linattn.tools.perf_report import attach_ratios, evaluate_targets, render_markdown
-from linattn.tools.profiling import cpu_peak_bytes
+from linattn.tools.profiling import BusyMeter, cpu_peak_bytes
 from linattn.tools.results import atomic_write, write_result
 
 SCHEMA = "linattn.perf/1"
@@ -329,25 +329,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_seconds() -> tuple[float, float] | None:
-    """(CPU seconds busy on the whole machine, CPU seconds used by this process) so far; None without /proc."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    ticks = os.sysconf("SC_CLK_TCK")
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    return (user + nice + system + irq + softirq + steal) / ticks, me.ru_utime + me.ru_stime
-
-
 def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.Peer, ...] | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Measure everything selected and return the result document (see docs/perf.md for each field)."""
     start = time.perf_counter()
     peers = pp.PEERS if peers is None else peers
     load_before = os.getloadavg()
-    cpu_before = _cpu_seconds()
+    busy = BusyMeter().start()
     cases = select(build_cases(cfg, peers), only)
     used = {c.peer.name for c in cases if c.peer is not None}
     checks = pp.crosscheck(tuple(p for p in peers if p.name in used),
@@ -363,10 +351,7 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
     bar.close()
     attach_ratios(results)
     wall = time.perf_counter() - start
-    cpu_after = _cpu_seconds()
-    others = None  # average number of cores that other processes kept busy while this run measured
-    if cpu_before and cpu_after and wall > 0:
-        others = max(0.0, ((cpu_after[0] - cpu_before[0]) - (cpu_after[1] - cpu_before[1])) / wall)
+    others = busy.stop()  # average number of cores that other processes kept busy while this run measured
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -389,9 +374,33 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
 # --- CLI -----------------------------------------------------------------------------------------------------------
 
 
+def missing_peers(cases: list[Case]) -> dict[str, str]:
+    """Peer name -> why it cannot load, for the peers the selected cases use (imports them now, once)."""
+    missing = {}
+    for peer in dict.fromkeys(c.peer for c in cases if c.peer is not None):
+        try:
+            peer.load()
+        except ImportError as exc:
+            missing[peer.name] = str(exc)
+    return missing
+
+
+def peer_warning(cases: list[Case]) -> str | None:
+    """The warning printed before measuring when some or all of the peers the cases compare against are missing."""
+    used = {c.peer.name for c in cases if c.peer is not None}
+    missing = missing_peers(cases)
+    if not missing:
+        return None
+    hint = 'pip install -c constraints.txt ".[peers]"'
+    if len(missing) == len(used):
+        return (f"warning: no peer is installed ({', '.join(sorted(missing))}); this run times linattn and softmax "
+                f"only, with no speedups. Install them first: {hint}")
+    return f"warning: peers not installed, their rows will say so: {', '.join(sorted(missing))} ({hint})"
+
+
 @click.command(name="perf")
-@click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
-@click.option("--markdown", "markdown", type=click.Path(dir_okay=False), default=None,
+@click.option("--output", "output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
+@click.option("--markdown", "markdown", type=cli_files.FILE, default=None,
               help="Write the Markdown tables here (they are printed to stdout either way).")
 @click.option("--quick", is_flag=True, help="Tiny smoke configuration: checks the tool, measures nothing real.")
 @click.option("--only", "only", multiple=True,
@@ -417,15 +426,18 @@ def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memo
     if list_only:
         click.echo("\n".join(c.name for c in cases))
         return
-    for path in (output, markdown):
-        if path and Path(path).exists() and not overwrite:
-            raise click.UsageError(f"{path} exists; pass --overwrite to replace it")
+    cli_files.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
+    warning = peer_warning(cases)  # at the start, not after minutes of measuring
+    if warning:
+        click.echo(warning, err=True)
     if threads:
         torch.set_num_threads(threads)
     doc = run(cfg, only=patterns)
     text = render_markdown(doc)
-    if output:
-        write_result(doc, output, "perf", overwrite=overwrite)
-    if markdown:
-        atomic_write(markdown, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite)
     click.echo(text)
+    if output:
+        cli_files.write("--output", lambda p, overwrite: write_result(doc, p, "perf", overwrite=overwrite), output,
+                        overwrite=overwrite)
+    if markdown:
+        cli_files.write("--markdown", lambda p, overwrite: atomic_write(
+            p, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite), markdown, overwrite=overwrite)

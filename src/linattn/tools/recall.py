@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import linattn
+from linattn.tools import cli_files
 from linattn.tools.results import atomic_write, atomic_write_json, validate
 
 KEY_KINDS = ("orthogonal", "random", "near_duplicate")
@@ -295,6 +296,22 @@ def table(records: list[dict[str, Any]], sweep: str) -> str:
     return "\n".join(lines)
 
 
+def explain(records: list[dict[str, Any]], sweep: str) -> str:
+    """What the columns (and the row names) of :func:`table` for ``sweep`` mean."""
+    rows = [r for r in records if r["sweep"] == sweep]
+    cell = "each cell: % of queries whose output is closest (cosine) to its own value among the N stored; chance 1/N"
+    if sweep == "capacity":
+        cols = "columns: 'rand N=n' n pairs with random unit keys, 'orth N=n' n pairs with orthogonal keys (n <= d)"
+    elif sweep == "distance":
+        r = rows[0]
+        cols = (f"columns: 'dist=k' k filler writes (random keys and values) between the {r['n_pairs']} pairs and "
+                f"the queries, {r['fillers_before'] + r['n_pairs'] + r['fillers_after']} writes in all")
+    else:
+        cols = (f"columns: keys of the {rows[0]['n_pairs']} pairs, 'orth' orthogonal, 'rand' random, 'dup s' near "
+                "duplicates with expected cosine s between keys")
+    return f"  {cols};\n  {cell}; rows: 'a=' is the gate alpha of a gated mechanism"
+
+
 def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
     """Four panels: accuracy vs N (random keys, orthogonal keys), vs distance, vs key correlation."""
     import matplotlib
@@ -306,7 +323,9 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     d = doc["config"]["d"]
     mechs = list(dict.fromkeys(r["mechanism"] for r in recs))
     colors = dict(zip(mechs, plt.cm.tab10.colors, strict=False))
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.6))
+    # 2 x 2 at 11 x 8.5 inches reads at screen size; one legend for all four panels, outside the curves
+    fig, grid = plt.subplots(2, 2, figsize=(11, 8.5), layout="constrained")
+    axes = list(grid.flat)
     panels = [("capacity", "random", "n_pairs", "random keys: accuracy vs N"),
               ("capacity", "orthogonal", "n_pairs", "orthogonal keys (N <= d)"),
               ("distance", None, "distance", "distance from the writes to the queries"),
@@ -326,10 +345,10 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
                 ns = sorted({r["n_pairs"] for r in recs if r["sweep"] == sweep and r["key_kind"] == kind})
                 ax.plot(ns, [100 / n for n in ns], color="black", lw=0.8, ls=":", label="chance (1/N)")
                 ax.axvline(2 * d, color="gray", lw=0.8, ls="-.")
-                ax.set_xlabel(f"stored pairs N (dotted: d = {d}; dash-dot: 2d, the DPFP feature width)")
+                ax.set_xlabel(f"stored pairs N (dotted: d = {d}; dash-dot: 2d = DPFP width)")
         elif sweep == "distance":
             first = next(r for r in recs if r["sweep"] == "distance")
-            ax.set_xlabel(f"filler writes between the {first['n_pairs']} pairs and the queries "
+            ax.set_xlabel(f"filler writes between the {first['n_pairs']} pairs and the queries\n"
                           f"({first['fillers_before'] + first['n_pairs'] + first['fillers_after']} writes in all)")
         else:
             rows = [r for r in recs if r["sweep"] == sweep and r["mechanism"] == mechs[0]]
@@ -337,8 +356,9 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
             ax.set_xlabel(f"{rows[0]['n_pairs']} pairs; keys")
         ax.set(title=title, ylabel="exact retrievals (%)", ylim=(-3, 103))
         ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=9,
+               title="mechanism (a = gate alpha)")
+    fig.suptitle(f"associative recall, d = {d}, no training: exact retrievals", fontsize=12)
     try:
         return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110), overwrite=overwrite)
     finally:
@@ -362,15 +382,13 @@ def _floats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[flo
               help="Expected cosine between near-duplicate keys, in (0, 1).")
 @click.option("--trials", type=click.IntRange(min=1), default=16, show_default=True, help="Sequences per point.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
+@click.option("--output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
+@click.option("--plot", "plot_path", type=cli_files.FILE, default=None, help="Write the PNG plot here.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def command(d, dv, alphas, similarities, trials, seed, output, plot_path, overwrite, no_progress) -> None:
     """Associative-recall diagnostic (no training): exact retrievals vs N, distance and key correlation."""
-    for path in (output, plot_path):
-        if path and Path(path).exists() and not overwrite:
-            raise click.UsageError(f"{path} exists; pass --overwrite to replace it")
+    cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
     try:
         mechanisms(alphas)
     except ValueError as exc:
@@ -401,9 +419,10 @@ def command(d, dv, alphas, similarities, trials, seed, output, plot_path, overwr
     for sweep, title in (("capacity", "capacity: accuracy (%) vs stored pairs N"),
                          ("distance", "distance: accuracy (%) vs filler writes between pairs and queries"),
                          ("correlation", "correlation: accuracy (%) vs key kind")):
-        click.echo(f"\n{title}\n{table(records, sweep)}")
+        click.echo(f"\n{title}\n{explain(records, sweep)}\n{table(records, sweep)}")
     if output:
-        click.echo(f"wrote {atomic_write_json(output, doc, overwrite=overwrite)}")
+        cli_files.write("--output", atomic_write_json, output, doc, overwrite=overwrite)
     if plot_path:
-        click.echo(f"wrote {plot(doc, plot_path, overwrite=overwrite)}")
+        cli_files.write("--plot", lambda p, overwrite: plot(doc, p, overwrite=overwrite), plot_path,
+                        overwrite=overwrite)
     click.echo(f"({doc['elapsed_s']:.1f} s)")

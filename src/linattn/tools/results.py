@@ -12,13 +12,17 @@ import functools
 import json
 import os
 import re
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from linattn.jsonfile import read_json
 
 # Labels and ids end up in file names: letters, digits, '.', '_' and '-' only, starting with a letter or digit,
 # so no path separator, no hidden file, no '..' and nothing a shell needs quoting for.
@@ -85,11 +89,76 @@ def validate(doc: object, schema: dict[str, Any], *, source: str = "document") -
         raise ResultValidationError(f"{source} does not match the schema: " + "; ".join(parts), missing, problems)
 
 
+def exists_error(path: str | os.PathLike) -> FileExistsError:
+    """The one message for a result path that is taken, whether seen before the run or lost in a race."""
+    return FileExistsError(f"{path} exists; refusing to overwrite it (pass --overwrite to replace it)")
+
+
 def refuse_existing(path: str | os.PathLike, *, overwrite: bool = False) -> None:
-    """Raise FileExistsError if ``path`` exists and ``overwrite`` is off; also the early check a tool makes before
-    a long run, so that it does not measure for minutes and then find it may not write."""
-    if not overwrite and Path(path).exists():
-        raise FileExistsError(f"{path} exists; refusing to overwrite it (pass --overwrite to replace it)")
+    """Raise FileExistsError if ``path`` exists (a dangling symlink counts) and ``overwrite`` is off."""
+    if not overwrite and os.path.lexists(path):
+        raise exists_error(path)
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_writable(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Everything that can be known about writing ``path`` before a run starts, so that a run of minutes does not
+    end in a refusal: raises FileExistsError (taken, see :func:`exists_error`) or ValueError naming the problem
+    (a NUL byte, a name too long, a dangling symbolic link, a folder or special file in the way, a parent that is a
+    file, a folder that cannot be written). Returns the path. Creates nothing."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise ValueError("the path contains a NUL byte")
+    path = Path(text)
+    if not path.name or path.name in (".", ".."):
+        raise ValueError(f"{text!r} names a folder, not a file")
+    # the nearest folder that exists: the file will be created under it (missing folders are made)
+    anc = path.parent
+    while not os.path.lexists(anc) and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise ValueError(f"cannot create {path}: {anc} is a file, not a folder")
+    for part in (path.relative_to(anc).parts if path.is_relative_to(anc) else (path.name,)):
+        if len(os.fsencode(part)) > _name_max(anc):
+            raise ValueError(f"the name {part[:40]!r}... is {len(os.fsencode(part))} bytes, longer than this file "
+                             f"system allows ({_name_max(anc)})")
+    if path.is_symlink() and not path.exists():
+        raise ValueError(
+            f"{path} is a dangling symbolic link (to {os.readlink(path)!r}); remove it or pick another name"
+        )
+    if os.path.lexists(path):
+        if not overwrite:
+            raise exists_error(path)
+        if not path.is_file():
+            raise ValueError(f"{path} exists and is not a regular file; refusing to replace it")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot create {path}: no permission to write in {anc}")
+    return path
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """While a temporary file exists, turn SIGTERM into SystemExit(143) so that the ``finally`` below removes it
+    (the default action would kill the process on the spot). Only in the main thread, and only when nobody else
+    handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def unwind(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, overwrite: bool = False) -> Path:
@@ -97,33 +166,36 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, over
 
     The temporary file lives in the same folder (``os.replace``/``os.link`` are atomic only within one file
     system) and keeps the final suffix, so writers that infer a format from it (matplotlib) still work. Without
-    ``overwrite`` an existing file is refused with FileExistsError, also when it appears while ``write`` runs.
+    ``overwrite`` an existing file is refused with FileExistsError, also when it appears while ``write`` runs:
+    the final name is made with ``os.link``, which fails if the name exists, so of two writers racing for one
+    path exactly one wins and the other gets :func:`exists_error`. SIGTERM or an exception leaves no temporary
+    file behind.
     """
-    path = Path(path)
-    refuse_existing(path, overwrite=overwrite)
+    path = check_writable(path, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp{path.suffix}")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a result file is meant to be shared
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if path exists: no check-then-replace race
-            except FileExistsError:
-                raise FileExistsError(f"{path} exists; refusing to overwrite it (pass --overwrite)") from None
-            except OSError:  # file systems without hard links
-                if path.exists():
-                    raise FileExistsError(f"{path} exists; refusing to overwrite it") from None
+    with _sigterm_unwinds():
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:200]}.", suffix=f".tmp{path.suffix}")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a result file is meant to be shared
+            write(tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            if overwrite:
                 os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            else:
+                try:
+                    os.link(tmp, path)  # fails if path exists: no check-then-replace race
+                except FileExistsError:
+                    raise exists_error(path) from None
+                except OSError:  # file systems without hard links
+                    if os.path.lexists(path):
+                        raise exists_error(path) from None
+                    os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
     return path
 
 
@@ -144,14 +216,10 @@ def write_result(doc: dict[str, Any], path: str | os.PathLike, schema_name: str,
 
 
 def read_result(path: str | os.PathLike, schema_name: str) -> dict[str, Any]:
-    """Load a result file and validate it; errors name the file and every missing field."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"result file {path} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    """Load a result file and validate it; errors name the file and every missing field. Only a regular file
+    under :data:`linattn.jsonfile.MAX_BYTES`, nested at most 64 deep, with finite numbers (see
+    :func:`linattn.jsonfile.read_json`)."""
+    doc = read_json(path, what="result file")
     validate(doc, load_schema(schema_name), source=str(path))
     return doc
 

@@ -35,6 +35,7 @@ import linattn
 from linattn import State, reference
 from linattn.api import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
 from linattn.feature_maps import resolve_feature_map
+from linattn.tools import cli_files
 from linattn.tools.results import atomic_write, atomic_write_json, validate
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -542,6 +543,32 @@ def worst_by_length(records: list[dict[str, Any]], rule: str, dtype: str) -> dic
     return out
 
 
+def _plot_epsilon(ax, eps: dict[str, Any]) -> None:
+    """The eps panel: one curve per ``add`` eps (change against the denominator, one color per eps). ``clamp``
+    changes exactly the tokens whose denominator is below eps (to ``1 - den/eps``, so near 1 there) and nothing
+    above, so its curves would lie under the ``add`` curves' plateau at 1 and drop to zero, where a log axis
+    cannot draw them: each is a dotted line at eps instead, and a clamp that changed no token is named, not drawn."""
+    values = sorted({c["eps"] for c in eps["cases"]})
+    color = {e: f"C{k % 10}" for k, e in enumerate(values)}
+    untouched = []
+    for case in eps["cases"]:
+        rows = [r for r in case["by_den_decade"] if r["max_rel_change"] > 0]
+        if case["eps_mode"] == "add" and rows:
+            ax.loglog([10.0 ** r["decade"] for r in rows], [r["max_rel_change"] for r in rows], "-", marker=".",
+                      color=color[case["eps"]], label=f"add, eps {case['eps']:g}")
+        elif case["eps_mode"] == "clamp" and rows and eps["den_min"] < case["eps"]:
+            ax.axvline(case["eps"], color=color[case["eps"]], ls=":", lw=1.5)
+        elif case["eps_mode"] == "clamp":
+            untouched.append(f"{case['eps']:g}")
+    ax.plot([], [], ls=":", color="gray", label="clamp, eps: changes only den < eps")
+    if untouched:
+        ax.plot([], [], ls="none", label=f"clamp, eps {', '.join(untouched)}: no token changed")
+    ax.set(title="eps: change vs eps = 0 (float64)", xlabel="denominator q^T z (decade start)",
+           ylabel="worst rel. change of a token")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")  # the curves fall to the right: the lower left stays empty
+
+
 def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
     """Error vs length per dtype (log-log, one panel per rule) and the epsilon trade-off, as one PNG."""
     import matplotlib
@@ -566,15 +593,7 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
                ylabel="worst per-token rel. error", ylim=(1e-8, top))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    ax = flat[len(rules)]
-    for case in doc["epsilon"]["cases"]:
-        rows = [r for r in case["by_den_decade"] if r["max_rel_change"] > 0]  # clamp leaves large den exactly alone
-        ax.loglog([10.0 ** r["decade"] for r in rows], [r["max_rel_change"] for r in rows],
-                  "-" if case["eps_mode"] == "add" else "--", marker=".", label=f"{case['eps_mode']} {case['eps']:g}")
-    ax.set(title="eps: change vs eps = 0 (float64)", xlabel="denominator q^T z (decade start)",
-           ylabel="worst rel. change of a token")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    _plot_epsilon(flat[len(rules)], doc["epsilon"])
     ax = flat[len(rules) + 1]
     rs = doc["rescaling"]
     pos = rs["error_by_position"]
@@ -662,16 +681,14 @@ def _list(kind: type):
 @click.option("--rescale-dtype", type=click.Choice(list(DTYPES)), default="float16", show_default=True,
               help="Dtype of the state-rescaling check.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
+@click.option("--output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
+@click.option("--plot", "plot_path", type=cli_files.FILE, default=None, help="Write the PNG plot here.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 def command(rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, heads, dim, full_grid, rescale_dtype, seed,
             output, plot_path, overwrite, no_progress) -> None:
     """Low-precision error against float64 over lengths, input scales and chunk sizes; epsilon; rescaling."""
-    for path in (output, plot_path):
-        if path and Path(path).exists() and not overwrite:
-            raise click.UsageError(f"{path} exists; pass --overwrite to replace it")
+    cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
     for rule in rules:
         if form not in linattn.supported_forms(rule):
             raise click.BadParameter(f"rule {rule!r} has no form {form!r}", param_hint="--form")
@@ -702,7 +719,8 @@ def command(rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, head
     validate(doc, RESULT_SCHEMA, source="stability result")
     click.echo(summary(doc))
     if output:
-        click.echo(f"wrote {atomic_write_json(output, doc, overwrite=overwrite)}")
+        cli_files.write("--output", atomic_write_json, output, doc, overwrite=overwrite)
     if plot_path:
-        click.echo(f"wrote {plot(doc, plot_path, overwrite=overwrite)}")
+        cli_files.write("--plot", lambda p, overwrite: plot(doc, p, overwrite=overwrite), plot_path,
+                        overwrite=overwrite)
     click.echo(f"({doc['elapsed_s']:.1f} s)")
