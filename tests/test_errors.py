@@ -61,7 +61,7 @@ SEQUENCE_CASES = [
     ("nan eps", dict(eps=float("nan")), ValueError, r"eps must be a number >= 0"),
     ("scale of wrong type", dict(scale="1"), TypeError, r"scale must be a float"),
     ("chunk_size 0", dict(chunk_size=0), ValueError, r"chunk_size must be a positive int, got 0"),
-    ("chunk_size float", dict(chunk_size=8.0), ValueError, r"chunk_size must be a positive int"),
+    ("chunk_size float", dict(chunk_size=8.0), TypeError, r"chunk_size must be a positive int, got float"),
     ("normalize not bool", dict(normalize=1), TypeError, r"normalize must be a bool"),
     ("state_dtype not a dtype", dict(state_dtype="float64"), TypeError, r"state_dtype must be"),
     ("positive gate", dict(rule="gated", g=g_(value=0.1)), ValueError, r"g must be <= 0"),

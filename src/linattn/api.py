@@ -8,11 +8,13 @@ loads no kernel). Every form of every rule shares this one signature and these d
 from __future__ import annotations
 
 import importlib
+import sys
+import warnings
 
 import torch
 
-from linattn.feature_maps import FeatureMap, resolve_feature_map
-from linattn.state import State
+from linattn.feature_maps import FeatureMap, check_features, feature_map_name, resolve_feature_map
+from linattn.state import State, is_joint, joint_view
 
 RULES = ("accumulate", "gated", "delta", "gated_delta")
 GATED_RULES = ("gated", "gated_delta")
@@ -21,7 +23,9 @@ EPS_MODES = ("add", "clamp")
 
 
 def _rule_module(rule: str):
-    if not isinstance(rule, str) or rule not in RULES:
+    if not isinstance(rule, str):
+        raise TypeError(f"rule must be a str, one of {list(RULES)}; got {type(rule).__name__}")
+    if rule not in RULES:
         raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(RULES)}")
     return importlib.import_module(f"linattn.ops.{rule}")
 
@@ -29,6 +33,34 @@ def _rule_module(rule: str):
 def supported_forms(rule: str) -> tuple[str, ...]:
     """Names of the execution forms a rule has, e.g. ``supported_forms("delta") == ("recurrent", "chunk")``."""
     return tuple(_rule_module(rule).FORMS)
+
+
+def _check_form(mod, rule: str, form: str) -> None:
+    if not isinstance(form, str):
+        raise TypeError(f"form must be a str, one of {list(mod.FORMS)}; got {type(form).__name__}")
+    if form not in mod.FORMS:
+        raise ValueError(f"form: rule {rule!r} has no form {form!r}; supported forms: {list(mod.FORMS)}")
+
+
+def _check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
+
+
+def _warn_layout(q: torch.Tensor) -> None:
+    """Warn when q's shape suggests the head-first layout [B, H, T, D] was passed for [B, T, H, D].
+
+    The rule is flash-linear-attention's (it warned when seq_len < num_heads while it still accepted both layouts),
+    except that one token (T = 1, e.g. a one-token prefill) never warns.
+    """
+    T, H = q.shape[1], q.shape[2]
+    if 1 < T < H:
+        warnings.warn(
+            f"q has shape {tuple(q.shape)}, read as [B, T, H, D] = T {T} tokens and H {H} heads; fewer tokens than "
+            "heads suggests [B, H, T, D] was passed: if so, pass q.transpose(1, 2) (and k, v, g, beta likewise)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _check_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
@@ -79,8 +111,15 @@ def _check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int,
             raise TypeError(f"g must be a floating-point tensor, got {g.dtype}")
         if g.device != device:
             raise ValueError(f"g is on {g.device} but q is on {device}")
-        if g.numel() and bool((g > 0).any()):
-            raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); its largest value is {g.max().item():.4g}")
+        if g.is_meta:
+            raise ValueError(
+                f"g is on the meta device: rule {rule!r} reads the gate's values (to check g <= 0, and the chunk "
+                "form to pick its decay path), which a meta tensor does not have; accumulate and delta run on meta"
+            )
+        # One pass that also catches NaN (NaN > 0 is False, NaN <= 0 too): a NaN gate is an error, not a state.
+        if g.numel() and not bool((g <= 0).all()):
+            bad = "NaN" if bool(g.isnan().any()) else f"largest value {g.max().item():.4g}"
+            raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); it holds {bad}")
     elif g is not None:
         raise ValueError(f"g: rule {rule!r} has no gate; use rule='gated' or 'gated_delta', or pass g=None")
     if rule in DELTA_RULES:
@@ -108,15 +147,27 @@ def _resolve_normalize(rule: str, normalize: bool | None) -> bool:
     return normalize
 
 
-def _check_scalars(eps, eps_mode, scale, chunk_size=None) -> None:
+_NO_CHUNKS = object()  # step has no chunk_size
+
+
+def _check_scalars(eps, eps_mode, scale, chunk_size=_NO_CHUNKS) -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    if not isinstance(eps_mode, str):
+        raise TypeError(f"eps_mode must be a str, one of {list(EPS_MODES)}; got {type(eps_mode).__name__}")
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {list(EPS_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if chunk_size is _NO_CHUNKS:
+        return
+    # Any size from 1 up to the largest tensor size torch can index; larger than T means one chunk of T tokens.
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"chunk_size must be a positive int, got {type(chunk_size).__name__} {chunk_size!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size}")
+    if chunk_size > sys.maxsize:
+        raise ValueError(f"chunk_size must be at most 2**63 - 1 (the largest size torch indexes), got {chunk_size}")
 
 
 def _compute_dtype(x_dtype: torch.dtype, state_dtype: torch.dtype | None) -> torch.dtype:
@@ -130,44 +181,114 @@ def _compute_dtype(x_dtype: torch.dtype, state_dtype: torch.dtype | None) -> tor
 def _features(q, k, fmap: FeatureMap | None, scale: float | None):
     """Feature-mapped (q, k) and the query scale (default: feature width ** -0.5), not yet applied."""
     if fmap is not None:
-        q, k = fmap(q), fmap(k)
+        qf, kf = fmap(q), fmap(k)
+        check_features(q, qf, fmap)
+        check_features(k, kf, fmap)
+        q, k = qf, kf
         if q.shape != k.shape:
             raise ValueError(f"feature_map gave q features {tuple(q.shape)} but k features {tuple(k.shape)}")
     return q, k, (q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 
-def _check_state(state, B, H, Dk, Dv, normalize: bool, device, name: str = "initial_state") -> None:
+def _check_state(
+    state, B, H, Dk, Dv, normalize: bool, device, name: str = "initial_state", *, rule: str, feature_map, d_in: int
+) -> None:
+    """``state`` fits this call: its record (if any) names this rule and feature map, its shape the feature width."""
     if not isinstance(state, State):
         raise TypeError(f"{name} must be a linattn.State or None, got {type(state).__name__}")
+    if state.rule is not None and state.rule != rule:
+        raise ValueError(
+            f"{name} was made by rule {state.rule!r} but this call uses rule={rule!r}; a state continues only the "
+            "rule that made it (to carry it over on purpose, pass State(state.S, state.z))"
+        )
+    if state.feature_map is not None and state.feature_map != feature_map_name(feature_map):
+        raise ValueError(
+            f"{name} was made with feature_map {state.feature_map!r} but this call uses "
+            f"{feature_map_name(feature_map)!r}; its keys live in that map's feature space"
+        )
+    if not state.S.is_floating_point():  # State checks this when made; S may have been replaced since
+        raise TypeError(f"{name}.S must be a real floating-point tensor, got {state.S.dtype}")
     if tuple(state.S.shape) != (B, H, Dk, Dv):
-        raise ValueError(f"{name}.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}")
+        why = ""
+        if state.S.shape[2] != Dk and Dk != d_in:
+            why = (
+                f": its key width {state.S.shape[2]} must be the feature width {Dk} that feature_map "
+                f"{feature_map_name(feature_map)!r} gives for inputs of width {d_in}"
+            )
+        elif state.S.shape[2] != Dk:
+            why = f": its key width {state.S.shape[2]} must be the width of q and k, {Dk}"
+        raise ValueError(f"{name}.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}{why}")
     if normalize and state.z is None:
-        raise ValueError(f"{name}.z is None but normalize=True needs the normalizer z")
+        raise ValueError(
+            f"{name}.z is None but normalize=True needs the normalizer z: rule {rule!r} normalizes by default "
+            "(normalize=None means True for accumulate and gated); pass normalize=False to read this state without "
+            "a normalizer, or a State with z"
+        )
     if not normalize and state.z is not None:
         raise ValueError(f"{name}.z is set but normalize=False keeps no normalizer; pass State(S) alone")
     if state.S.device != device:
         raise ValueError(f"{name} is on {state.S.device} but q is on {device}")
 
 
+def _overlapping(shape, stride) -> bool:
+    """True when two elements may share memory (e.g. an ``expand``ed tensor); conservative for exotic strides."""
+    extent = 1
+    for st, n in sorted((st, n) for st, n in zip(stride, shape, strict=True) if n > 1):
+        if st < extent:
+            return True
+        extent += st * (n - 1)
+    return False
+
+
+def _check_inplace(state: State, normalize: bool, dtype: torch.dtype) -> None:
+    """``step(inplace=True)`` can update ``state``'s own tensors: the caller's S and z never go stale.
+
+    A state from linattn (S and z one buffer, or S alone, contiguous) is updated where it lies; S and z as
+    separate tensors are updated through one joint copy and written back; anything else is refused.
+    """
+    S, z = state.S, state.z
+    if S.dtype != dtype:
+        raise ValueError(f"inplace=True needs the state in {dtype}, got {S.dtype}")
+    if S.requires_grad or (z is not None and z.requires_grad):
+        raise ValueError(
+            "inplace=True: the state requires grad, and an in-place update is not differentiable; pass "
+            "inplace=False to keep the graph, or state.detach()"
+        )
+    if S.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(
+            "inplace=True: the state holds inference tensors (made under torch.inference_mode), which cannot be "
+            "updated outside it; decode under torch.inference_mode too, or pass state.clone() or inplace=False"
+        )
+    B, H, Dk, Dv = S.shape
+    width = Dv + 1 if normalize else Dv
+    st = S.stride()
+    if st == (H * Dk * width, Dk * width, width, 1) and (z is None or z.stride() == st[:-1]):
+        return  # the usual case, the layout linattn makes: nothing overlaps, nothing more to look at
+    if normalize and not is_joint(S, z):  # separate S and z: updated through a copy, then written back
+        if z.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError("inplace=True: state.z is an inference tensor; decode under torch.inference_mode")
+        bad = [n for n, x in (("S", S), ("z", z)) if _overlapping(x.shape, x.stride())]
+    else:  # the kernels update it where it lies, as [B*H, Dk, width]
+        viewable = B == 1 or H == 1 or st[0] == H * st[1]
+        bad = [] if viewable and not _overlapping((B, H, Dk, width), st) else ["S"]
+    if bad:
+        raise ValueError(
+            f"inplace=True: state.{bad[0]} has overlapping or unmergeable memory (shape {tuple(S.shape)}, strides "
+            f"{st}), e.g. from expand(); pass state.clone() or inplace=False"
+        )
+
+
 def _augmented(state: State, dtype) -> torch.Tensor:
     """[S | z] as one [B, H, Dk, Dv+1] tensor: the normalizer is the memory of a constant value 1.
 
     When the state came out of this library, S and z are views of one such buffer; then that buffer is returned
-    itself (found through the memory layout, which also holds under ``torch.inference_mode``), so decode can
-    update it in place without copying the state each step.
+    itself (see :func:`linattn.state.joint_view`), so decode can update it in place without copying the state
+    each step.
     """
     S, z = state.S, state.z
-    Dv = S.shape[-1]
-    shares_buffer = (
-        S.dtype == dtype
-        and not (S.requires_grad or z.requires_grad)
-        and S.stride(-1) == 1
-        and S.stride(-2) == Dv + 1
-        and z.stride() == S.stride()[:-1]
-        and z.data_ptr() == S.data_ptr() + Dv * S.element_size()
-    )
-    if shares_buffer:
-        return S.as_strided((*S.shape[:-1], Dv + 1), S.stride(), S.storage_offset())
+    joint = None if S.dtype != dtype or S.requires_grad or z.requires_grad else joint_view(S, z)
+    if joint is not None:
+        return joint
     return torch.cat([S, z.unsqueeze(-1)], dim=-1).to(dtype)
 
 
@@ -176,8 +297,17 @@ def _with_ones_column(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
-def _split(S_aug: torch.Tensor, normalize: bool) -> State:
-    return State(S_aug[..., :-1], S_aug[..., -1]) if normalize else State(S_aug)
+def _split(S_aug: torch.Tensor, normalize: bool, rule: str, feature_map, into: State | None = None) -> State:
+    """The state to return, recording what made it. ``into``: the caller's state that ``inplace=True`` updates;
+    when the update ran on a joint copy of its separate S and z, the result is written back into them."""
+    name = feature_map_name(feature_map)
+    if into is not None and S_aug.data_ptr() != into.S.data_ptr():
+        into.S.copy_(S_aug[..., :-1])
+        into.z.copy_(S_aug[..., -1])
+        S, z = into.S, into.z
+    else:
+        S, z = (S_aug[..., :-1], S_aug[..., -1]) if normalize else (S_aug, None)
+    return State(S, z, rule=rule, feature_map=name, normalized=normalize)
 
 
 def _read(num_den: torch.Tensor, eps: float, eps_mode: str, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -241,10 +371,11 @@ def linear_attention(
     since a masked product still computes 0 * NaN. Returns ``(o, final_state)``, ``o`` contiguous.
     """
     mod = _rule_module(rule)
-    if form not in mod.FORMS:
-        raise ValueError(f"form: rule {rule!r} has no form {form!r}; supported forms: {list(mod.FORMS)}")
+    _check_form(mod, rule, form)
     _check_qkv(q, k, v, 4)
+    _warn_layout(q)
     _check_scalars(eps, eps_mode, scale, chunk_size)
+    _check_flag("output_final_state", output_final_state)
     normalize = _resolve_normalize(rule, normalize)
     B, T, H, _ = q.shape
     Dv = v.shape[-1]
@@ -255,7 +386,8 @@ def linear_attention(
     Dk = _features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0].shape[-1]
     _check_gate_and_beta(rule, g, beta, (B, T, H), Dk, q.device)
     if initial_state is not None:
-        _check_state(initial_state, B, H, Dk, Dv, normalize, q.device)
+        _check_state(initial_state, B, H, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
+                     d_in=q.shape[-1])
     if initial_state is None:
         S = torch.zeros(B, H, Dk, Dv + normalize, dtype=dtype, device=q.device)
     else:
@@ -303,7 +435,7 @@ def linear_attention(
     if out is None:
         out = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0].contiguous()).to(v.dtype)
     # (The chunk form carries a half-precision state in float32 between slabs; it is stored as asked at the end.)
-    return out, (_split(S.to(dtype), normalize) if output_final_state else None)
+    return out, (_split(S.to(dtype), normalize, rule, feature_map) if output_final_state else None)
 
 
 def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budget: int = 4 << 20) -> int:
@@ -344,6 +476,7 @@ def step(
     mod = _rule_module(rule)
     _check_qkv(q, k, v, 3)
     _check_scalars(eps, eps_mode, scale)
+    _check_flag("inplace", inplace)
     normalize = _resolve_normalize(rule, normalize)
     B, H, _ = q.shape
     Dv = v.shape[-1]
@@ -361,9 +494,10 @@ def step(
     if state is None:
         state = State.zeros(B, H, Dk, Dv, normalizer=normalize, dtype=dtype, device=q.device)
     else:
-        _check_state(state, B, H, Dk, Dv, normalize, q.device, name="state")
-        if inplace and state.dtype != dtype:
-            raise ValueError(f"inplace=True needs the state in {dtype}, got {state.dtype}")
+        _check_state(state, B, H, Dk, Dv, normalize, q.device, name="state", rule=rule, feature_map=feature_map,
+                     d_in=q.shape[-1])
+        if inplace:
+            _check_inplace(state, normalize, dtype)
     vv = v.to(dtype)
     if normalize:
         vv = _with_ones_column(vv)
@@ -381,4 +515,4 @@ def step(
     )
     if normalize:
         o = _read(o, eps / scale if fold_scale else eps, eps_mode)
-    return o.to(v.dtype), _split(S, normalize)
+    return o.to(v.dtype), _split(S, normalize, rule, feature_map, into=state if inplace else None)

@@ -6,6 +6,7 @@ Normalized linear attention needs non-negative features so that the denominator 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -59,3 +60,49 @@ def resolve_feature_map(feature_map: str | FeatureMap | None) -> FeatureMap | No
             raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of {sorted(FEATURE_MAPS)}")
         return FEATURE_MAPS[feature_map]
     raise TypeError(f"feature_map must be None, a name or a callable, got {type(feature_map).__name__}")
+
+
+_BUILTIN_IDS = frozenset(map(id, FEATURE_MAPS.values()))
+
+
+def feature_map_name(feature_map: str | FeatureMap | None) -> str:
+    """The name a :class:`~linattn.State` records for the map that made it.
+
+    ``None`` is ``"identity"`` (the same function); a built-in map is its name however it is passed; any other
+    callable is its module and qualified name (``functools.partial`` names its function). Two callables are
+    told apart only by that name, so a lambda rebuilt at every decode step still matches its own state.
+    """
+    if feature_map is None:
+        return "identity"
+    if isinstance(feature_map, str):
+        return feature_map
+    if id(feature_map) in _BUILTIN_IDS:
+        return next(name for name, f in FEATURE_MAPS.items() if f is feature_map)
+    if isinstance(feature_map, functools.partial):
+        return f"partial({feature_map_name(feature_map.func)})"
+    named = feature_map if hasattr(feature_map, "__qualname__") else type(feature_map)
+    return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"
+
+
+def check_features(x: torch.Tensor, phi: object, feature_map: FeatureMap) -> None:
+    """What a callable ``feature_map`` returned for ``x [..., D]`` must be: a ``[..., r]`` tensor (r >= 1), token by
+    token, in x's dtype and on x's device. Built-in maps are not checked (they are, by the tests)."""
+    if id(feature_map) in _BUILTIN_IDS:
+        return
+    name = feature_map_name(feature_map)
+    if not isinstance(phi, torch.Tensor):
+        raise TypeError(f"feature_map {name!r} must return a torch.Tensor, got {type(phi).__name__}")
+    if phi.dim() != x.dim() or phi.shape[:-1] != x.shape[:-1]:
+        raise ValueError(
+            f"feature_map {name!r} must map [..., D] to [..., r] token by token, but for input {tuple(x.shape)} it "
+            f"returned {tuple(phi.shape)}"
+        )
+    if phi.shape[-1] == 0:
+        raise ValueError(f"feature_map {name!r} returned features of width 0 (shape {tuple(phi.shape)}); need r >= 1")
+    if phi.dtype != x.dtype:
+        raise TypeError(
+            f"feature_map {name!r} returned {phi.dtype} features for {x.dtype} input; it must keep the dtype "
+            "(linattn hands it inputs already in the accumulation dtype)"
+        )
+    if phi.device != x.device:
+        raise ValueError(f"feature_map {name!r} returned features on {phi.device} for input on {x.device}")
