@@ -8,6 +8,7 @@ loads no kernel). Every form of every rule shares this one signature and these d
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 import warnings
 
@@ -150,15 +151,24 @@ def _resolve_normalize(rule: str, normalize: bool | None) -> bool:
 _NO_CHUNKS = object()  # step has no chunk_size
 
 
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _check_scalars(eps, eps_mode, scale, chunk_size=_NO_CHUNKS) -> None:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps >= 0 and _finite(eps)):
+        raise ValueError(f"eps must be a number >= 0 and finite, got {eps!r}")
     if not isinstance(eps_mode, str):
         raise TypeError(f"eps_mode must be a str, one of {list(EPS_MODES)}; got {type(eps_mode).__name__}")
     if eps_mode not in EPS_MODES:
         raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {list(EPS_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if scale is not None and not _finite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
     if chunk_size is _NO_CHUNKS:
         return
     # Any size from 1 up to the largest tensor size torch can index; larger than T means one chunk of T tokens.
@@ -173,7 +183,10 @@ def _check_scalars(eps, eps_mode, scale, chunk_size=_NO_CHUNKS) -> None:
 def _compute_dtype(x_dtype: torch.dtype, state_dtype: torch.dtype | None) -> torch.dtype:
     if state_dtype is not None:
         if not isinstance(state_dtype, torch.dtype) or not state_dtype.is_floating_point:
-            raise TypeError(f"state_dtype must be a floating torch.dtype, got {state_dtype!r}")
+            raise TypeError(
+                f"state_dtype must be a floating torch.dtype, got {state_dtype!r} (with state_dtype=None, step "
+                "takes the state's dtype)"
+            )
         return state_dtype
     return torch.float64 if x_dtype == torch.float64 else torch.float32
 
@@ -217,6 +230,10 @@ def _check_state(
             )
         elif state.S.shape[2] != Dk:
             why = f": its key width {state.S.shape[2]} must be the width of q and k, {Dk}"
+        elif state.S.shape[3] != Dv:
+            why = f": its value width {state.S.shape[3]} must be v's width {Dv}"
+        else:
+            why = f": its batch and heads {tuple(state.S.shape[:2])} must be q's (B, H) = {(B, H)}"
         raise ValueError(f"{name}.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}{why}")
     if normalize and state.z is None:
         raise ValueError(
@@ -482,7 +499,7 @@ def step(
     Dv = v.shape[-1]
     if state is not None and not isinstance(state, State):
         raise TypeError(f"state must be a linattn.State or None, got {type(state).__name__}")
-    dtype = _compute_dtype(q.dtype, state_dtype or (None if state is None else state.dtype))
+    dtype = _compute_dtype(q.dtype, state_dtype if state_dtype is not None or state is None else state.dtype)
     qf, kf, scale = _features(q.to(dtype), k.to(dtype), resolve_feature_map(feature_map), scale)
     # Decode is dominated by per-op overhead, so save one: with the normalizer, (s q)^T S / ((s q)^T z + eps)
     # equals q^T S / (q^T z + eps / s) for s > 0 (clamp alike), and the scale moves into eps.
