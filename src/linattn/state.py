@@ -92,20 +92,22 @@ class State:
     ) -> State:
         """An empty state (no history yet). Sizes are ints >= 0; with ``normalizer``, S and z share one buffer
         (the layout ``step(inplace=True)`` updates in place)."""
-        sizes = {"batch": batch, "heads": heads, "key_dim": key_dim, "value_dim": value_dim}
-        for name, n in sizes.items():
-            if isinstance(n, bool) or not isinstance(n, int):
-                try:  # numpy and torch integers are fine
-                    n = sizes[name] = operator.index(n)
-                except TypeError:
-                    raise TypeError(f"State.zeros: {name} must be an int, got {type(n).__name__}") from None
-            if n < 0:
-                raise ValueError(f"State.zeros: {name} must be >= 0, got {n}")
+        sizes = []
+        for name, n in (("batch", batch), ("heads", heads), ("key_dim", key_dim), ("value_dim", value_dim)):
+            try:  # ints, numpy and torch integers; not bools, floats or anything else
+                size = None if isinstance(n, bool) else operator.index(n)
+            except TypeError:
+                size = None
+            if size is None:
+                raise TypeError(f"State.zeros: {name} must be an int, got {type(n).__name__}")
+            if size < 0:
+                raise ValueError(f"State.zeros: {name} must be >= 0, got {size}")
+            sizes.append(size)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"State.zeros: dtype must be a floating torch.dtype, got {dtype!r}")
         if not isinstance(normalizer, bool):
             raise TypeError(f"State.zeros: normalizer must be a bool, got {type(normalizer).__name__}")
-        B, H, Dk, Dv = sizes.values()
+        B, H, Dk, Dv = sizes
         if not normalizer:
             return cls(torch.zeros(B, H, Dk, Dv, dtype=dtype, device=device))
         buf = torch.zeros(B, H, Dk, Dv + 1, dtype=dtype, device=device)
