@@ -50,6 +50,7 @@ ACCEPTED = {
     **{("*", "scale", lab): "any finite real scale" for lab in ("int 3", "int 0", "int -1", "float 0.5")},
     **{("*", "eps", lab): "any finite eps >= 0" for lab in ("int 3", "int 0", "float 0.5")},
     ("*", "state_dtype", "None"): "default accumulation dtype",
+    ("*", "g", "-inf"): "a full reset (the state before it is forgotten)",
     **{("*", a, lab): "any strides, any autograd flag" for a in ("q", "k", "v", "g", "beta")
        for lab in ("non-contiguous", "requires grad")},
     **{("*", a, lab): "cast to the accumulation dtype" for a in ("g", "beta") for lab in ("float64", "float16")},
@@ -132,7 +133,7 @@ def _tensor_mutations(x: torch.Tensor, arg: str) -> list[tuple[str, object]]:
     out.append(("non-contiguous", x.transpose(0, 1).contiguous().transpose(0, 1)))
     out.append(("requires grad", x.clone().requires_grad_()))
     last = (slice(None), -1) if x.dim() >= 3 and arg != "state" else (0,)
-    for label, value in (("NaN", math.nan), ("+inf", math.inf)):
+    for label, value in (("NaN", math.nan), ("+inf", math.inf)) + ((("-inf", -math.inf),) if arg == "g" else ()):
         y = x.clone()
         y[last] = value
         out.append((label, y))

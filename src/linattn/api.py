@@ -203,18 +203,25 @@ def _features(q, k, fmap: FeatureMap | None, scale: float | None):
     return q, k, (q.shape[-1] ** -0.5 if scale is None else float(scale))
 
 
+_UNSET = object()
+
+
 def _check_state(
-    state, B, H, Dk, Dv, normalize: bool, device, name: str = "initial_state", *, rule: str, feature_map, d_in: int
+    state, B, H, Dk, Dv, normalize: bool, device, name: str = "initial_state", *, rule: str | None = None,
+    feature_map=_UNSET, d_in: int | None = None,
 ) -> None:
-    """``state`` fits this call: its record (if any) names this rule and feature map, its shape the feature width."""
+    """``state`` fits this call: its record (if any) names this rule and feature map, its shape the feature width.
+    (``rule``, ``feature_map``: the call's, to compare with the record; ``d_in``: q's width, to explain widths.)"""
     if not isinstance(state, State):
         raise TypeError(f"{name} must be a linattn.State or None, got {type(state).__name__}")
-    if state.rule is not None and state.rule != rule:
+    if state.rule is not None and rule is not None and state.rule != rule:
         raise ValueError(
             f"{name} was made by rule {state.rule!r} but this call uses rule={rule!r}; a state continues only the "
             "rule that made it (to carry it over on purpose, pass State(state.S, state.z))"
         )
-    if state.feature_map is not None and state.feature_map != feature_map_name(feature_map):
+    if state.feature_map is not None and feature_map is not _UNSET and state.feature_map != feature_map_name(
+        feature_map
+    ):
         raise ValueError(
             f"{name} was made with feature_map {state.feature_map!r} but this call uses "
             f"{feature_map_name(feature_map)!r}; its keys live in that map's feature space"
@@ -223,7 +230,7 @@ def _check_state(
         raise TypeError(f"{name}.S must be a real floating-point tensor, got {state.S.dtype}")
     if tuple(state.S.shape) != (B, H, Dk, Dv):
         why = ""
-        if state.S.shape[2] != Dk and Dk != d_in:
+        if state.S.shape[2] != Dk and d_in is not None and Dk != d_in:
             why = (
                 f": its key width {state.S.shape[2]} must be the feature width {Dk} that feature_map "
                 f"{feature_map_name(feature_map)!r} gives for inputs of width {d_in}"
@@ -314,17 +321,20 @@ def _with_ones_column(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
 
 
-def _split(S_aug: torch.Tensor, normalize: bool, rule: str, feature_map, into: State | None = None) -> State:
-    """The state to return, recording what made it. ``into``: the caller's state that ``inplace=True`` updates;
-    when the update ran on a joint copy of its separate S and z, the result is written back into them."""
-    name = feature_map_name(feature_map)
+def _split(
+    S_aug: torch.Tensor, normalize: bool, rule: str | None = None, feature_map=_UNSET, into: State | None = None
+) -> State:
+    """The state to return, recording what made it (``rule``, ``feature_map``; left out: no record). ``into``: the
+    caller's state that ``inplace=True`` updates; when the update ran on a joint copy of its separate S and z,
+    the result is written back into them."""
+    name = None if feature_map is _UNSET else feature_map_name(feature_map)
     if into is not None and S_aug.data_ptr() != into.S.data_ptr():
         into.S.copy_(S_aug[..., :-1])
         into.z.copy_(S_aug[..., -1])
         S, z = into.S, into.z
     else:
         S, z = (S_aug[..., :-1], S_aug[..., -1]) if normalize else (S_aug, None)
-    return State(S, z, rule=rule, feature_map=name, normalized=normalize)
+    return State(S, z, rule=rule, feature_map=name, normalized=None if rule is None else normalize)
 
 
 def _read(num_den: torch.Tensor, eps: float, eps_mode: str, out: torch.Tensor | None = None) -> torch.Tensor:
