@@ -312,14 +312,16 @@ def test_inplace_refuses_what_it_cannot_update_safely():
 
 
 def test_head_first_layout_warns_at_the_callers_line():
-    q, k, v = inputs(lead=(1, 3, 8))  # T = 3 tokens, H = 8 heads: more heads than tokens, as [B, H, T, D] gives
-    with pytest.warns(UserWarning, match=r"fewer tokens than heads suggests \[B, H, T, D\]") as record:
+    q, k, v = inputs(lead=(1, 8, 200))  # [B, H, T, D] with H = 8, T = 200, passed as [B, T, H, D]
+    with pytest.warns(UserWarning, match=r"fewer tokens than heads, and more heads than models have, suggests "
+                                         r"\[B, H, T, D\]") as record:
         linattn.linear_attention(q, k, v)
     assert record[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        linattn.linear_attention(*inputs(lead=(1, 1, 8)))  # one token: a one-token prefill, no warning
-        linattn.linear_attention(*inputs(lead=(1, 8, 8)))
+        linattn.linear_attention(*inputs(lead=(1, 3, 64)))  # a short chunk of a prefill with many heads: fine
+        linattn.linear_attention(*inputs(lead=(1, 1, 128)))  # one token, 128 heads (as DeepSeek-V3)
+        linattn.linear_attention(*inputs(lead=(1, 200, 8)))
         linattn.linear_attention(*inputs())
 
 

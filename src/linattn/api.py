@@ -48,17 +48,22 @@ def _check_flag(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
 
 
+LAYOUT_WARN_HEADS = 128  # more heads than published models use (DeepSeek-V3 has 128)
+
+
 def _warn_layout(q: torch.Tensor) -> None:
     """Warn when q's shape suggests the head-first layout [B, H, T, D] was passed for [B, T, H, D].
 
-    The rule is flash-linear-attention's (it warned when seq_len < num_heads while it still accepted both layouts),
-    except that one token (T = 1, e.g. a one-token prefill) never warns.
+    flash-linear-attention warned whenever seq_len < num_heads; that fired on every short chunk of chunked prefill
+    (fla issue #675; vLLM removed it, fla 0.6 dropped it with ``head_first``). Here it also takes more "heads"
+    than any model has, H > 128: a head-first input with T > 128 tokens is caught, a short prompt never warns.
     """
     T, H = q.shape[1], q.shape[2]
-    if 1 < T < H:
+    if T < H and H > LAYOUT_WARN_HEADS:
         warnings.warn(
             f"q has shape {tuple(q.shape)}, read as [B, T, H, D] = T {T} tokens and H {H} heads; fewer tokens than "
-            "heads suggests [B, H, T, D] was passed: if so, pass q.transpose(1, 2) (and k, v, g, beta likewise)",
+            "heads, and more heads than models have, suggests [B, H, T, D] was passed: if so, pass "
+            "q.transpose(1, 2) (and k, v, g, beta likewise)",
             UserWarning,
             stacklevel=3,
         )
