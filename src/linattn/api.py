@@ -248,10 +248,11 @@ def _check_state(
             why = f": its batch and heads {tuple(state.S.shape[:2])} must be q's (B, H) = {(B, H)}"
         raise ValueError(f"{name}.S must be [B, H, Dk, Dv] = {(B, H, Dk, Dv)}, got {tuple(state.S.shape)}{why}")
     if normalize and state.z is None:
+        by = f"rule {rule!r} normalizes" if rule is not None else "accumulate and gated normalize"
         raise ValueError(
-            f"{name}.z is None but normalize=True needs the normalizer z: rule {rule!r} normalizes by default "
-            "(normalize=None means True for accumulate and gated); pass normalize=False to read this state without "
-            "a normalizer, or a State with z"
+            f"{name}.z is None but normalize=True needs the normalizer z: {by} by default (normalize=None means "
+            "True for accumulate and gated); pass normalize=False to read this state without a normalizer, or a "
+            "State with z"
         )
     if not normalize and state.z is not None:
         raise ValueError(f"{name}.z is set but normalize=False keeps no normalizer; pass State(S) alone")
