@@ -39,6 +39,7 @@ from hypothesis import given, settings
 
 import linattn
 from linattn import State
+from linattn.feature_maps import taylor2
 
 RULES = ("accumulate", "gated", "delta", "gated_delta")
 NORMALIZED_RULES = ("accumulate", "gated")
@@ -142,6 +143,10 @@ def make_inputs(case: Case, dtype: torch.dtype = torch.float64) -> tuple[tuple, 
     if case.with_initial:
         S0 = randn(case.B, case.H, r, case.Dv)
         z0 = torch.rand(case.B, case.H, r, generator=gen, dtype=torch.float64) + 0.5 if normalized else None
+        if normalized and case.feature_map == "taylor2":
+            # Taylor features have negative components: only phi(q).phi(k) > 0 is guaranteed, so a positive z0 can
+            # still give q^T z0 <= 0. A z0 that is a sum of key features, as a real state's is, keeps q^T z0 > 0.
+            z0 = taylor2(randn(case.B, case.H, 3, case.Dk) * case.input_scale).sum(dim=-2)
         kwargs["initial_state"] = State(S0, z0)
     cast = {name: x.to(dtype) for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
     kwargs.update(cast)
