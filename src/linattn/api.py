@@ -399,7 +399,8 @@ def linear_attention(
         chunk_size: tokens per chunk in the ``"chunk"`` form (any T works, the last chunk may be shorter).
         state_dtype: accumulation dtype; default float32, or float64 when the inputs are float64.
 
-    NaN or Inf in any input is neither masked nor raised: it reaches the state and every later output, and in
+    A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
+    error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in
     the matmul forms also the other outputs of its chunk (``"chunk"``) or of the whole sequence (``"parallel"``),
     since a masked product still computes 0 * NaN. Returns ``(o, final_state)``, ``o`` contiguous.
     """
