@@ -76,6 +76,7 @@ class Case:
     eps: float
     eps_mode: str
     seed: int
+    group: int = 1  # value heads per q/k head (grouped value heads: v, g, beta and the state have H * group)
 
     def feature_width(self) -> int:
         return 1 + self.Dk + self.Dk**2 if self.feature_map == "taylor2" else self.Dk
@@ -84,9 +85,9 @@ class Case:
 @st.composite
 def cases(draw, rule: str) -> Case:
     normalized = rule in NORMALIZED_RULES
-    per_channel = rule == "gated" and draw(st.booleans())
+    per_channel = rule in ("gated", "gated_delta") and draw(st.booleans())  # GLA / Kimi Delta Attention
     maps = [None, "relu1", "elu1", "identity", "taylor2", softplus_map] if normalized else [None, "identity", l2_map]
-    if per_channel:
+    if per_channel and normalized:
         # Taylor features have negative components: only phi(q).phi(k) > 0 is guaranteed, and a different decay per
         # feature channel breaks that sum, so q^T z can reach 0 and the output is undefined (inf/NaN) in every form.
         maps.remove("taylor2")
@@ -108,6 +109,7 @@ def cases(draw, rule: str) -> Case:
         eps=draw(st.sampled_from([0.0, 1e-6])),
         eps_mode=draw(st.sampled_from(["add", "clamp"])),
         seed=draw(st.integers(0, 2**31 - 1)),
+        group=draw(st.sampled_from([1, 1, 2, 3])),
     )
 
 
@@ -128,25 +130,27 @@ def make_inputs(case: Case, dtype: torch.dtype = torch.float64) -> tuple[tuple, 
         q, k = randn(*shape) * case.input_scale, randn(*shape) * case.input_scale
     if not normalized and case.feature_map is not l2_map:
         k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-12) * case.key_norm
-    v = randn(case.B, case.T, case.H, case.Dv) * case.input_scale
+    HV = case.H * case.group
+    v = randn(case.B, case.T, HV, case.Dv) * case.input_scale
     kwargs = {"rule": case.rule, "feature_map": case.feature_map, "chunk_size": case.chunk_size}
     if normalized:
         kwargs.update(eps=case.eps, eps_mode=case.eps_mode)
     r = case.feature_width()
     if case.rule in ("gated", "gated_delta"):
         lo, hi = GATE_RANGES[case.gate_range]
-        gshape = (case.B, case.T, case.H) + ((r,) if case.per_channel else ())
+        gshape = (case.B, case.T, HV) + ((r,) if case.per_channel else ())
         u = torch.rand(*gshape, generator=gen, dtype=torch.float64)
         kwargs["g"] = -torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
     if case.rule in ("delta", "gated_delta"):
-        kwargs["beta"] = torch.rand(case.B, case.T, case.H, generator=gen, dtype=torch.float64) * 1.5
+        kwargs["beta"] = torch.rand(case.B, case.T, HV, generator=gen, dtype=torch.float64) * 1.5
     if case.with_initial:
-        S0 = randn(case.B, case.H, r, case.Dv)
-        z0 = torch.rand(case.B, case.H, r, generator=gen, dtype=torch.float64) + 0.5 if normalized else None
+        S0 = randn(case.B, HV, r, case.Dv)
+        z0 = torch.rand(case.B, HV, r, generator=gen, dtype=torch.float64) + 0.5 if normalized else None
         if normalized and case.feature_map == "taylor2":
             # Taylor features have negative components: only phi(q).phi(k) > 0 is guaranteed, so a positive z0 can
             # still give q^T z0 <= 0. A z0 that is a sum of key features, as a real state's is, keeps q^T z0 > 0.
-            z0 = taylor2(randn(case.B, case.H, 3, case.Dk) * case.input_scale).sum(dim=-2)
+            # (Any value head's z0 is read by its q/k head's queries, so every head gets such a sum.)
+            z0 = taylor2(randn(case.B, HV, 3, case.Dk) * case.input_scale).sum(dim=-2)
         kwargs["initial_state"] = State(S0, z0)
     cast = {name: x.to(dtype) for name, x in kwargs.items() if isinstance(x, torch.Tensor)}
     kwargs.update(cast)

@@ -86,9 +86,10 @@ def _check_qkv(q, k, v, token_dims: int) -> None:
         _check_tensor(name, x, token_dims, layout)
     if q.shape != k.shape:
         raise ValueError(f"q and k must have the same shape {layout}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if v.shape[:-1] != q.shape[:-1]:
+    if v.shape[:-2] != q.shape[:-2] or v.shape[-2] % max(q.shape[-2], 1):
         raise ValueError(
-            f"v must match q on {layout[:-4]}], got q {tuple(q.shape)} and v {tuple(v.shape)}"
+            f"v must match q on {layout[:-7]}] and have a multiple of q's H heads (grouped value heads), "
+            f"got q {tuple(q.shape)} and v {tuple(v.shape)}"
         )
     if token_dims == 4 and q.shape[1] == 0:
         raise ValueError(f"empty sequence: q, k, v have T = 0 (shape {tuple(q.shape)})")
@@ -106,8 +107,7 @@ def _check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int,
     if rule in GATED_RULES:
         if g is None:
             raise ValueError(f"g: rule {rule!r} needs a log-gate g (alpha = exp(g), g <= 0)")
-        per_channel = rule == "gated"
-        ok = (tuple(lead),) + (((*lead, feature_dim),) if per_channel else ())
+        ok = (tuple(lead), (*lead, feature_dim))  # one gate per head, or per key channel (GLA, KDA)
         if not isinstance(g, torch.Tensor):
             raise TypeError(f"g must be a torch.Tensor, got {type(g).__name__}")
         if tuple(g.shape) not in ok:
@@ -371,10 +371,14 @@ def linear_attention(
     output_final_state: bool = False,
     chunk_size: int = 64,
     state_dtype: torch.dtype | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, State | None]:
     """Causal linear attention over a whole sequence; every ``form`` computes the same function.
 
-    Shapes: ``q, k [B, T, H, Dk_in]``, ``v [B, T, H, Dv]``, output ``o [B, T, H, Dv]`` in ``v.dtype``.
+    Shapes: ``q, k [B, T, H, Dk_in]``, ``v [B, T, HV, Dv]``, output ``o [B, T, HV, Dv]`` in ``v.dtype``. ``HV`` is
+    ``H`` or a multiple of it (grouped value heads, as in flash-linear-attention and Qwen3-Next): q/k head ``h``
+    serves value heads ``h * HV/H`` to ``(h + 1) * HV/H - 1`` (``repeat_interleave``); ``g``, ``beta`` and the
+    state have ``HV`` heads.
 
     Args:
         rule: ``"accumulate"`` S_t = S_{t-1} + k v^T; ``"gated"`` S_t = a_t S_{t-1} + k v^T (``a = exp(g)``, per head
@@ -392,18 +396,31 @@ def linear_attention(
             flash-linear-attention). With ``normalize`` it cancels except against ``eps``.
         eps, eps_mode: the denominator is ``den + eps`` (``"add"``, default) or ``max(den, eps)`` (``"clamp"``);
             ``eps=0`` divides exactly. Used only when normalized, the same way in every form.
-        g: log-gate (``g <= 0``), ``[B, T, H]`` or, for ``"gated"``, ``[B, T, H, r]``. Required by gated rules only.
-        beta: write strength ``[B, T, H]`` for the delta rules. The write converges for ``0 < beta |k|^2 < 2``.
-        initial_state: a :class:`State` with ``S [B, H, r, Dv]`` (and ``z [B, H, r]`` when normalized).
+        g: log-gate (``g <= 0``), ``[B, T, HV]`` or per key channel ``[B, T, HV, r]`` (GLA; for ``"gated_delta"``
+            Kimi Delta Attention, S_t = (I - beta k k^T) diag(a_t) S_{t-1} + beta k v^T). Gated rules only.
+        beta: write strength ``[B, T, HV]`` for the delta rules. The write converges for ``0 < beta |k|^2 < 2``.
+        initial_state: a :class:`State` with ``S [B, HV, r, Dv]`` (and ``z [B, HV, r]`` when normalized).
         output_final_state: return the state after the last token (else ``None``).
         chunk_size: tokens per chunk in the ``"chunk"`` form (any T works, the last chunk may be shorter).
         state_dtype: accumulation dtype; default float32, or float64 when the inputs are float64.
+        cu_seqlens: packed sequences (as flash-linear-attention and FlashAttention): an int tensor ``[N + 1]``,
+            0 ... T nondecreasing, with ``B = 1``; sequence i is tokens ``cu_seqlens[i]:cu_seqlens[i+1]``. Nothing
+            crosses a boundary; ``initial_state`` and the final state have N entries (a zero-length sequence passes
+            its initial state through). See :mod:`linattn.packing`.
 
     A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
     error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in
     the matmul forms also the other outputs of its chunk (``"chunk"``) or of the whole sequence (``"parallel"``),
     since a masked product still computes 0 * NaN. Returns ``(o, final_state)``, ``o`` contiguous.
     """
+    if cu_seqlens is not None:
+        from linattn.packing import packed_linear_attention
+
+        return packed_linear_attention(
+            q, k, v, cu_seqlens, rule=rule, form=form, feature_map=feature_map, normalize=normalize, scale=scale,
+            eps=eps, eps_mode=eps_mode, g=g, beta=beta, initial_state=initial_state,
+            output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
+        )
     mod = _rule_module(rule)
     _check_form(mod, rule, form)
     _check_qkv(q, k, v, 4)
@@ -411,8 +428,8 @@ def linear_attention(
     _check_scalars(eps, eps_mode, scale, chunk_size)
     _check_flag("output_final_state", output_final_state)
     normalize = _resolve_normalize(rule, normalize)
-    B, T, H, _ = q.shape
-    Dv = v.shape[-1]
+    B, T, _, _ = q.shape
+    H, Dv = v.shape[-2:]  # the state has one entry per value head
     dtype = _compute_dtype(q.dtype, state_dtype)
     fmap = resolve_feature_map(feature_map)
     # Features in the accumulation dtype: a bfloat16 feature map (Taylor's outer products) would add its own error.
@@ -446,6 +463,7 @@ def linear_attention(
         part = slice(t0, t0 + qs.shape[1])
         t0 = part.stop
         qf, kf, scale_ = _features(qs.to(dtype), ks.to(dtype), fmap, scale)
+        qf, kf = _group(qf, H), _group(kf, H)
         if dtype == torch.float16:  # narrow range: scale before the products rather than after them
             qf, scale_ = qf * scale_, 1.0
 
@@ -470,6 +488,13 @@ def linear_attention(
         out = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0].contiguous()).to(v.dtype)
     # (The chunk form carries a half-precision state in float32 between slabs; it is stored as asked at the end.)
     return out, (_split(S.to(dtype), normalize, rule, feature_map) if output_final_state else None)
+
+
+def _group(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """q/k features ``[..., H, r]`` repeated to ``heads`` value heads (q/k head h serves value heads h*G ... h*G+G-1,
+    ``repeat_interleave`` as flash-linear-attention and HF Qwen3-Next do). A copy of q and k only; the kernels then
+    see one q/k per value head, which they need anyway: every value head has its own state."""
+    return x if x.shape[-2] == heads else x.repeat_interleave(heads // x.shape[-2], dim=-2)
 
 
 def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budget: int = 4 << 20) -> int:
@@ -501,8 +526,9 @@ def step(
 ) -> tuple[torch.Tensor, State]:
     """One-token decode: write token t into ``state``, then read it with the query.
 
-    Shapes: ``q, k [B, H, Dk_in]``, ``v [B, H, Dv]``, ``g [B, H]`` (or ``[B, H, r]`` for gated), ``beta [B, H]``;
-    returns ``o [B, H, Dv]`` and the new :class:`State`. Arguments mean what they mean in
+    Shapes: ``q, k [B, H, Dk_in]``, ``v [B, HV, Dv]``, ``g [B, HV]`` (or ``[B, HV, r]`` per key channel),
+    ``beta [B, HV]`` (HV a multiple of H: grouped value heads, see :func:`linear_attention`);
+    returns ``o [B, HV, Dv]`` and the new :class:`State`. Arguments mean what they mean in
     :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).
     ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
     one (no autograd through it); the state must then already be in the accumulation dtype.
@@ -512,12 +538,13 @@ def step(
     _check_scalars(eps, eps_mode, scale)
     _check_flag("inplace", inplace)
     normalize = _resolve_normalize(rule, normalize)
-    B, H, _ = q.shape
-    Dv = v.shape[-1]
+    B = q.shape[0]
+    H, Dv = v.shape[-2:]
     if state is not None and not isinstance(state, State):
         raise TypeError(f"state must be a linattn.State or None, got {type(state).__name__}")
     dtype = _compute_dtype(q.dtype, state_dtype if state_dtype is not None or state is None else state.dtype)
     qf, kf, scale = _features(q.to(dtype), k.to(dtype), resolve_feature_map(feature_map), scale)
+    qf, kf = _group(qf, H), _group(kf, H)
     # Decode is dominated by per-op overhead, so save one: with the normalizer, (s q)^T S / ((s q)^T z + eps)
     # equals q^T S / (q^T z + eps / s) for s > 0 (clamp alike), and the scale moves into eps.
     fold_scale = normalize and scale > 0

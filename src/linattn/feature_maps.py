@@ -35,6 +35,12 @@ def identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def l2(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum x^2 + 1e-6): the L2 normalization flash-linear-attention and HF Qwen3-Next apply to q and k
+    inside their delta-rule kernels (``use_qk_l2norm_in_kernel``), with their epsilon inside the root."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+
+
 def taylor2(x: torch.Tensor) -> torch.Tensor:
     """Second-order Taylor map of Based (Arora et al., 2024): width 1 + D + D^2.
 
@@ -48,7 +54,9 @@ def taylor2(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([ones, x, outer], dim=-1)
 
 
-FEATURE_MAPS: dict[str, FeatureMap] = {"relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2}
+FEATURE_MAPS: dict[str, FeatureMap] = {
+    "relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2, "l2": l2,
+}
 
 
 def resolve_feature_map(feature_map: str | FeatureMap | None) -> FeatureMap | None:

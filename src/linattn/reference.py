@@ -103,6 +103,11 @@ def identity(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def l2(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(sum x^2 + 1e-6) over the last axis."""
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
 def taylor2(x: np.ndarray) -> np.ndarray:
     """Based's 2nd-order Taylor map, width 1 + D + D^2: phi(q).phi(k) = 1 + s + s^2 / 2 with s = q.k / sqrt(D)."""
     d = x.shape[-1]
@@ -112,7 +117,9 @@ def taylor2(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ones, x, outer], axis=-1)
 
 
-FEATURE_MAPS: dict[str, NumpyFeatureMap] = {"relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2}
+FEATURE_MAPS: dict[str, NumpyFeatureMap] = {
+    "relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2, "l2": l2,
+}
 
 
 def _resolve_feature_map(feature_map: str | NumpyFeatureMap | None) -> NumpyFeatureMap | None:
@@ -136,8 +143,8 @@ def _check_inputs(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             raise ValueError(f"{name} must be [B, T, H, D], got shape {x.shape}")
     if q.shape != k.shape:
         raise ValueError(f"q and k must have the same shape [B, T, H, D], got q {q.shape} and k {k.shape}")
-    if v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"v must match q on [B, T, H], got q {q.shape} and v {v.shape}")
+    if v.shape[:2] != q.shape[:2] or v.shape[2] % max(q.shape[2], 1):
+        raise ValueError(f"v must match q on [B, T] and have a multiple of its H heads, got q {q.shape}, v {v.shape}")
     if q.shape[1] == 0:
         raise ValueError(f"empty sequence: q, k, v have T = 0 (shape {q.shape})")
     if min(q.shape) == 0 or v.shape[-1] == 0:
@@ -171,7 +178,7 @@ def _check_gate(rule: str, g, B: int, T: int, H: int, r: int) -> np.ndarray | No
     if g is None:
         raise ValueError(f"g: rule {rule!r} needs a log-gate g (alpha = exp(g), g <= 0)")
     g = _as_float64("g", g)
-    ok = [(B, T, H)] + ([(B, T, H, r)] if rule == "gated" else [])
+    ok = [(B, T, H), (B, T, H, r)]
     if g.shape not in ok:
         raise ValueError(f"g must have shape {' or '.join(map(str, ok))} for rule {rule!r}, got {g.shape}")
     if (g > 0).any():
@@ -234,8 +241,9 @@ def linear_attention(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Every rule of :func:`linattn.linear_attention` as a plain loop over batch, head and token, in float64.
 
-    Shapes and meanings are those of the torch API: ``q, k [B, T, H, D]``, ``v [B, T, H, Dv]``, ``g [B, T, H]``
-    (or ``[B, T, H, r]`` for ``"gated"``), ``beta [B, T, H]``, ``initial_S [B, H, r, Dv]``, ``initial_z [B, H, r]``
+    Shapes and meanings are those of the torch API: ``q, k [B, T, Hq, D]``, ``v [B, T, H, Dv]`` (H a multiple of
+    Hq: value head h reads q/k head ``h // (H / Hq)``), ``g [B, T, H]`` (or ``[B, T, H, r]``, a gate per key
+    channel, for both gated rules), ``beta [B, T, H]``, ``initial_S [B, H, r, Dv]``, ``initial_z [B, H, r]``
     where ``r`` is the feature width. The query features are multiplied by ``scale`` (default ``r ** -0.5``).
     A callable ``feature_map`` gets and returns NumPy arrays ``[..., D] -> [..., r]``.
 
@@ -245,6 +253,7 @@ def linear_attention(
         gated:       S = a S + k v^T                      z = a z + k
         delta:       u = beta (v - S^T k);  S = S + k u^T
         gated_delta: S = a S;  u = beta (v - S^T k);  S = S + k u^T
+                     (i.e. S_t = (I - beta k k^T) diag(a) S_{t-1} + beta k v^T: Kimi Delta Attention per channel)
         output:      o = S^T q,  divided by (q^T z + eps) ("add") or max(q^T z, eps) ("clamp") when normalized
 
     Returns:
@@ -255,10 +264,11 @@ def linear_attention(
     fmap = _resolve_feature_map(feature_map)
     if fmap is not None:
         q, k = _as_float64("feature_map(q)", fmap(q)), _as_float64("feature_map(k)", fmap(k))
-        if q.shape != k.shape or q.shape[:-1] != v.shape[:-1]:
+        if q.shape != k.shape or q.shape[:-2] != v.shape[:-2]:
             raise ValueError(f"feature_map gave q features {q.shape} and k features {k.shape} for v {v.shape}")
-    B, T, H, r = q.shape
-    Dv = v.shape[-1]
+    B, T, Hq, r = q.shape
+    H, Dv = v.shape[-2:]  # value heads: q/k head h // (H / Hq) serves value head h (repeat_interleave)
+    group = H // Hq
     q = q * (r**-0.5 if scale is None else scale)
     g = _check_gate(rule, g, B, T, H, r)
     beta = _check_beta(rule, beta, B, T, H)
@@ -270,7 +280,7 @@ def linear_attention(
             S = S_all[b, h]
             z = None if z_all is None else z_all[b, h]
             for t in range(T):
-                qt, kt, vt = q[b, t, h], k[b, t, h], v[b, t, h]
+                qt, kt, vt = q[b, t, h // group], k[b, t, h // group], v[b, t, h]
                 if g is not None:
                     a = np.exp(g[b, t, h])  # scalar, or [r] for a per-channel gate
                     a_col = a[:, None] if np.ndim(a) else a  # diag(a) S scales the rows of S

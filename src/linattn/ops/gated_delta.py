@@ -2,8 +2,10 @@
 
 Read as: decay the memory, predict v_t from it, write the error:
     S' = a_t S_{t-1};  u_t = b_t (v_t - S'^T k_t);  S_t = S' + k_t u_t^T;  o_t = S_t^T q_t.
-``g`` is ``[B, H, T]`` (a = exp(g), one gate per head) or ``None``: then a = 1 and this is the plain delta rule
-(``linattn.ops.delta`` reuses these kernels). ``beta`` (b) is ``[B, H, T]``. There is no normalizer z.
+``g`` is ``[B, H, T]`` (a = exp(g), one gate per head), ``[B, H, T, Dk]`` (one gate per key channel: Kimi Delta
+Attention, S_t = (I - b_t k_t k_t^T) diag(a_t) S_{t-1} + b_t k_t v_t^T, the order of fla's ``naive_recurrent_kda``:
+decay first, then predict and write, as for the per-head gate) or ``None``: then a = 1 and this is the plain delta
+rule (``linattn.ops.delta`` reuses these kernels). ``beta`` (b) is ``[B, H, T]``. There is no normalizer z.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from linattn.ops.common import carry_dtype, exp_in, gate_factors, log_cumsum, masked_exp_diff, to_chunks
+from linattn.ops.gated import _intra_per_channel
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
@@ -21,7 +24,7 @@ def recurrent(q, k, v, *, g=None, beta, initial_state, chunk_size=None, scale=1.
     outputs = []
     for t in range(q.shape[2]):
         if g is not None:
-            S = S * g[:, :, t, None, None].exp()
+            S = S * (g[:, :, t, :, None] if g.dim() == 4 else g[:, :, t, None, None]).exp()
         k_t = k[:, :, t]
         prediction = torch.einsum("bhk,bhkv->bhv", k_t, S)
         u = beta[:, :, t, None] * (v[:, :, t] - prediction)
@@ -32,11 +35,12 @@ def recurrent(q, k, v, *, g=None, beta, initial_state, chunk_size=None, scale=1.
 
 # ---------------------------------------------------------------------------------------------- step
 def step(q, k, v, *, g=None, beta, state, inplace=False):
-    """One token: q, k [B, H, Dk], v [B, H, Dv], g and beta [B, H], state [B, H, Dk, Dv]."""
+    """One token: q, k [B, H, Dk], v [B, H, Dv], g [B, H] or [B, H, Dk], beta [B, H], state [B, H, Dk, Dv]."""
     B, H, Dk = k.shape
     Dv = v.shape[-1]
     if g is not None:
-        state = state.mul_(g.exp()[..., None, None]) if inplace else state * g.exp()[..., None, None]
+        decay = g.exp()[..., None] if g.dim() == 3 else g.exp()[..., None, None]
+        state = state.mul_(decay) if inplace else state * decay
     prediction = torch.matmul(k.unsqueeze(-2), state).squeeze(-2)
     u = beta[..., None] * (v - prediction)
     if inplace:
@@ -57,6 +61,8 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
         U' = U - W S                                              the true writes, given S
         O = exp(G) Q S + [(Q K^T) * exp(G_i - G_j) * M] U'
         S <- exp(G_C) S + (exp(G_C - G) K)^T U'
+    With a gate per key channel (KDA) every exp(G) above is a diagonal over the key channels: exp(G_i - G_j)
+    sits inside the dot products (sum_c k_ic k_jc exp(G_ic - G_jc)) and exp(G_C) I becomes diag(exp(G_C)).
     Substituting U' makes each chunk an affine map of its incoming state, S <- M_c S + N_c with
     M_c = exp(G_C) I - K_out^T W and N_c = K_out^T U, so the loop over chunks is one small matmul each and the
     outputs are read afterwards in one batched matmul: O = (exp(G) Q - P W) S_c + P U.
@@ -75,7 +81,9 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
         P = torch.bmm(q2, k2.transpose(1, 2)).tril_()
         q_in, k_in, k_out, decay = q2, k2, k2, None
     else:
-        Gc = log_cumsum(to_chunks(g, C), dim=2)[..., None]  # [N, n, C, 1], float64: see common.log_cumsum
+        per_channel = g.dim() == 4
+        Gc = log_cumsum(to_chunks(g, C), dim=2)  # float64: see common.log_cumsum
+        Gc = Gc if per_channel else Gc[..., None]  # [N, n, C, Dk] per key channel, [N, n, C, 1] per head
         dt = q.dtype
         factors = gate_factors(Gc, dt)
         e_G = exp_in(Gc, dt) if factors is None else factors[0]
@@ -84,12 +92,15 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
             k_back = (kc * factors[1]).view(-1, C, Dk).transpose(1, 2)
             A = torch.bmm(k_in, k_back).tril_(-1) * b2
             P = torch.bmm(q_in, k_back).tril_()
+        elif per_channel:  # the decay differs per channel: sub-blocks as in the gated rule (the solve ignores diag)
+            A = _intra_per_channel(kc, kc, Gc).view(-1, C, C) * b2
+            P = _intra_per_channel(qc, kc, Gc).view(-1, C, C)
         else:
             decay_ij = masked_exp_diff(Gc[..., 0], dt).view(-1, C, C)  # the solve below ignores its diagonal
             A = torch.bmm(k2, k2.transpose(1, 2)) * b2 * decay_ij
             P = torch.bmm(q2, k2.transpose(1, 2)) * decay_ij
         k_out = (kc * exp_in(Gc[:, :, -1:] - Gc, dt)).view(-1, C, Dk)
-        decay = exp_in(Gc[:, :, -1, 0], dt).view(-1, 1, 1)  # [N*n, 1, 1]
+        decay = exp_in(Gc[:, :, -1], dt).reshape(-1, Gc.shape[-1], 1)  # [N*n, 1 or Dk, 1]: rows of diag(a)
     rhs = torch.cat([v2 * b2, k_in * b2], dim=-1)
     # A is strictly lower triangular: I + A is unit lower triangular, a triangular solve rather than an inverse.
     # (No half-precision triangular solve exists on every device: solve those in float32.)
