@@ -1,0 +1,140 @@
+"""Packed sequences (``cu_seqlens``): one call equals calling each sequence alone, in every rule and form, with
+empty sequences, sequences shorter than a chunk, initial states and grouped value heads; gradients too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import np64, rel_err
+
+import linattn
+from linattn import State
+
+LENGTHS = [5, 0, 1, 13, 0, 9]  # chunk 4: shorter than a chunk, exactly none, several chunks with a partial one
+FORMS = [(rule, form) for rule in linattn.RULES for form in linattn.supported_forms(rule)]
+
+
+def packed_inputs(rule, lengths, *, H=2, group=2, D=3, Dv=2, per_channel=False, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    T, N, HV = sum(lengths), len(lengths), H * group
+    q, k = (torch.randn(1, T, H, D, generator=gen, dtype=dtype) for _ in range(2))
+    v = torch.randn(1, T, HV, Dv, generator=gen, dtype=dtype)
+    kwargs = {"rule": rule, "feature_map": "elu1" if rule in ("accumulate", "gated") else "l2"}
+    if rule in ("gated", "gated_delta"):
+        kwargs["g"] = -2 * torch.rand(1, T, HV, *((D,) if per_channel else ()), generator=gen, dtype=dtype)
+    if rule in ("delta", "gated_delta"):
+        kwargs["beta"] = torch.rand(1, T, HV, generator=gen, dtype=dtype)
+    z0 = torch.rand(N, HV, D, generator=gen, dtype=dtype) + 0.5 if rule in ("accumulate", "gated") else None
+    kwargs["initial_state"] = State(torch.randn(N, HV, D, Dv, generator=gen, dtype=dtype), z0)
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    return (q, k, v), kwargs, cu
+
+
+def separately(q, k, v, cu, form, chunk_size, **kwargs):
+    """Each sequence alone: (packed outputs [1, T, HV, Dv], final states [N, ...])."""
+    outs, S, z = [], [], []
+    init = kwargs.pop("initial_state")
+    for i in range(len(cu) - 1):
+        a, b = int(cu[i]), int(cu[i + 1])
+        s0 = State(init.S[i:i + 1], None if init.z is None else init.z[i:i + 1])
+        if a == b:  # an empty sequence: its state passes through
+            S.append(s0.S)
+            z.append(s0.z)
+            continue
+        per_token = {n: kwargs[n][:, a:b] for n in ("g", "beta") if n in kwargs}
+        rest = {n: x for n, x in kwargs.items() if n not in per_token}
+        o, st = linattn.linear_attention(q[:, a:b], k[:, a:b], v[:, a:b], form=form, chunk_size=chunk_size,
+                                         initial_state=s0, output_final_state=True, **per_token, **rest)
+        outs.append(o)
+        S.append(st.S)
+        z.append(st.z)
+    return torch.cat(outs, dim=1), torch.cat(S), (None if z[0] is None else torch.cat(z))
+
+
+@pytest.mark.parametrize(("rule", "form"), FORMS)
+def test_packed_equals_separate_calls(rule, form):
+    for per_channel in ((False, True) if rule in ("gated", "gated_delta") else (False,)):
+        (q, k, v), kwargs, cu = packed_inputs(rule, LENGTHS, per_channel=per_channel)
+        o, state = linattn.linear_attention(q, k, v, form=form, chunk_size=4, cu_seqlens=cu, output_final_state=True,
+                                            **kwargs)
+        o_sep, S_sep, z_sep = separately(q, k, v, cu, form, 4, **kwargs)
+        assert o.shape == v.shape and state.S.shape == kwargs["initial_state"].S.shape
+        assert rel_err(o, np64(o_sep)) <= 1e-12 and rel_err(state.S, np64(S_sep)) <= 1e-12
+        if z_sep is not None:
+            assert rel_err(state.z, np64(z_sep)) <= 1e-12
+        # the empty sequences kept their initial states exactly
+        for i in (1, 4):
+            assert torch.equal(state.S[i], kwargs["initial_state"].S[i])
+
+
+@pytest.mark.parametrize("rule", linattn.RULES)
+def test_packed_float32_no_initial_state_and_one_sequence(rule):
+    (q, k, v), kwargs, cu = packed_inputs(rule, [7, 0, 20], dtype=torch.float32)
+    kwargs.pop("initial_state")
+    o, state = linattn.linear_attention(q, k, v, cu_seqlens=cu, chunk_size=8, output_final_state=True, **kwargs)
+    o_sep, S_sep, _ = separately(q, k, v, cu, "chunk", 8,
+                                 initial_state=State.zeros(3, 4, 3, 2, normalizer=rule in ("accumulate", "gated")),
+                                 **kwargs)
+    assert rel_err(o, np64(o_sep)) <= 1e-6 and rel_err(state.S, np64(S_sep)) <= 1e-6
+    assert (state.S[1] == 0).all()
+    # one sequence spanning everything is the unpacked call
+    whole = torch.tensor([0, q.shape[1]])
+    o1, _ = linattn.linear_attention(q, k, v, cu_seqlens=whole, chunk_size=8, **kwargs)
+    o2, _ = linattn.linear_attention(q, k, v, chunk_size=8, **kwargs)
+    assert rel_err(o1, np64(o2)) <= 1e-6
+
+
+@pytest.mark.parametrize("rule", ["gated", "gated_delta"])
+def test_packed_gradients_equal_separate(rule):
+    (q, k, v), kwargs, cu = packed_inputs(rule, [6, 0, 3, 11], per_channel=rule == "gated_delta")
+    leaves = [q, k, v, kwargs["g"], kwargs["initial_state"].S]
+    for x in leaves:
+        x.requires_grad_()
+    w = torch.randn(v.shape, dtype=torch.float64)
+    grads = []
+    for packed in (True, False):
+        if packed:
+            o, st = linattn.linear_attention(q, k, v, cu_seqlens=cu, chunk_size=4, output_final_state=True, **kwargs)
+            S = st.S
+        else:
+            o, S, _ = separately(q, k, v, cu, "chunk", 4, **dict(kwargs))
+        loss = (o * w).sum() + S.square().sum()
+        grads.append(torch.autograd.grad(loss, leaves))
+    for a, b in zip(*grads, strict=True):
+        assert torch.isfinite(a).all() and rel_err(a, np64(b)) <= 1e-10
+
+
+def test_packed_eps_zero_has_finite_gradients():
+    """Padding is never divided: with eps = 0 the gradients stay finite (0 / 0 would be NaN)."""
+    (q, k, v), kwargs, cu = packed_inputs("accumulate", [2, 9])
+    kwargs.pop("initial_state")
+    q.requires_grad_()
+    o, _ = linattn.linear_attention(q, k, v, cu_seqlens=cu, eps=0.0, **kwargs)
+    (grad,) = torch.autograd.grad(o.sum(), q)
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize(
+    ("cu", "exc", "match"),
+    [
+        (torch.tensor([0.0, 5.0]), TypeError, "integer tensor"),
+        ([0, 5], TypeError, "torch.Tensor"),
+        (torch.tensor([0]), ValueError, r"\[N \+ 1\]"),
+        (torch.tensor([0, 3]), ValueError, "end at T = 5"),
+        (torch.tensor([1, 5]), ValueError, "start at 0"),
+        (torch.tensor([0, 4, 2, 5]), ValueError, "nondecreasing"),
+    ],
+)
+def test_bad_cu_seqlens(cu, exc, match):
+    q = torch.rand(1, 5, 2, 3)
+    with pytest.raises(exc, match=match):
+        linattn.linear_attention(q, q, q, cu_seqlens=cu)
+
+
+def test_packed_needs_batch_one_and_n_initial_states():
+    q = torch.rand(2, 5, 2, 3)
+    with pytest.raises(ValueError, match="batch size 1"):
+        linattn.linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 5]))
+    q = torch.rand(1, 5, 2, 3)
+    with pytest.raises(ValueError, match="initial_state"):
+        linattn.linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 2, 5]), initial_state=State.zeros(1, 2, 3, 3))
