@@ -1,0 +1,131 @@
+"""linattn.nn: every mixer's full forward equals prefill at any split plus token-by-token decode through its cache;
+packed sequences equal separate calls (caches included); gradients reach every parameter; the LM likewise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn import nn as lnn
+
+torch.set_num_threads(1)
+MIXERS = [("accumulate", {}), ("gated", {}), ("gated", {"per_channel_gate": False}), ("delta", {}),
+          ("gated_delta", {}), ("gated_delta", {"per_channel_gate": True}), ("attention", {})]
+IDS = ["accumulate", "gla", "gated_per_head", "delta", "gated_deltanet", "kda", "attention"]
+
+
+def make_layer(name, kwargs, seed=0):
+    torch.manual_seed(seed)
+    if name == "attention":
+        return lnn.SoftmaxAttention(24, 2, 8).double()
+    return lnn.LinearAttention(24, 2, 8, rule=name, num_v_heads=4, v_head_dim=6, chunk_size=4, **kwargs).double()
+
+
+def decode(layer, x, split):
+    """Prefill ``split`` tokens (none if 0), then one token at a time through the cache."""
+    ys, cache = [], None
+    if split:
+        y, cache = layer(x[:, :split])
+        ys.append(y)
+    for t in range(split, x.shape[1]):
+        y, cache = layer(x[:, t:t + 1], cache)
+        ys.append(y)
+    return torch.cat(ys, dim=1), cache
+
+
+@pytest.mark.parametrize(("name", "kwargs"), MIXERS, ids=IDS)
+def test_layer_full_equals_prefill_then_decode(name, kwargs):
+    layer = make_layer(name, kwargs)
+    x = torch.randn(2, 11, 24, dtype=torch.float64)
+    y, cache = layer(x)
+    assert y.shape == x.shape
+    for split in (0, 1, 5, 10):
+        y_dec, cache_dec = decode(layer, x, split)
+        assert (y_dec - y).abs().max() <= 1e-12, split
+        if name != "attention":
+            assert (cache_dec.state.S - cache.state.S).abs().max() <= 1e-12
+            assert (cache_dec.conv - cache.conv).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize(("name", "kwargs"), MIXERS, ids=IDS)
+def test_layer_packed_equals_separate_and_continues(name, kwargs):
+    layer = make_layer(name, kwargs, seed=1)
+    lengths = [5, 1, 0, 9]
+    x = torch.randn(1, sum(lengths), 24, dtype=torch.float64)
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    y, cache = layer(x, cu_seqlens=cu)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        if a == b:
+            continue
+        y_i, cache_i = layer(x[:, a:b])
+        assert (y[:, a:b] - y_i).abs().max() <= 1e-12
+        if name != "attention":  # the packed cache continues each sequence as its own cache does
+            assert (cache.state.S[i] - cache_i.state.S[0]).abs().max() <= 1e-12
+            assert (cache.conv[i] - cache_i.conv[0]).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize(("name", "kwargs"), MIXERS, ids=IDS)
+def test_layer_gradients_reach_every_parameter(name, kwargs):
+    layer = make_layer(name, kwargs, seed=2).float()
+    x = torch.randn(2, 9, 24, requires_grad=True)
+    y, _ = layer(x)
+    (y.square().mean()).backward()
+    for pname, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, pname
+    assert x.grad.abs().max() > 0
+
+
+def test_lm_hybrid_decode_packing_and_gradients():
+    torch.manual_seed(0)
+    model = lnn.CausalLM(40, hidden_size=24, num_layers=4, num_heads=2, head_dim=8,
+                         mixers=lnn.hybrid_pattern(4, "gated_delta"), chunk_size=4).double()
+    assert model.mixers == ["gated_delta", "gated_delta", "gated_delta", "attention"]
+    ids = torch.randint(0, 40, (2, 10))
+    logits, cache = model(ids)
+    assert logits.shape == (2, 10, 40) and len(cache) == 4
+    for split in (1, 6):
+        outs, c = [model(ids[:, :split])[0]], model(ids[:, :split])[1]
+        for t in range(split, 10):
+            lt, c = model(ids[:, t:t + 1], c)
+            outs.append(lt)
+        assert (torch.cat(outs, dim=1) - logits).abs().max() <= 1e-11
+    cu = torch.tensor([0, 4, 10])
+    packed, _ = model(ids[:1].reshape(1, -1)[:, :10], cu_seqlens=cu)
+    assert (packed[:, :4] - model(ids[:1, :4])[0]).abs().max() <= 1e-11
+    assert (packed[:, 4:] - model(ids[:1, 4:])[0]).abs().max() <= 1e-11
+    gen = model.generate(ids[:, :3], 4)
+    assert gen.shape == (2, 7) and torch.equal(gen[:, :3], ids[:, :3])
+    model.float()
+    loss = torch.nn.functional.cross_entropy(model(ids[:, :-1])[0].reshape(-1, 40), ids[:, 1:].reshape(-1))
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, pname
+
+
+@pytest.mark.parametrize("mixer", ["attention", "accumulate", "gated", "delta"])
+def test_lm_every_mixer_prefill_decode(mixer):
+    torch.manual_seed(1)
+    model = lnn.CausalLM(30, hidden_size=16, num_layers=2, num_heads=2, head_dim=8, mixers=mixer).double()
+    ids = torch.randint(0, 30, (1, 7))
+    logits, _ = model(ids)
+    out, c = model(ids[:, :3])
+    outs = [out]
+    for t in range(3, 7):
+        lt, c = model(ids[:, t:t + 1], c)
+        outs.append(lt)
+    assert (torch.cat(outs, dim=1) - logits).abs().max() <= 1e-11
+
+
+def test_nn_errors():
+    with pytest.raises(ValueError, match="rule"):
+        lnn.LinearAttention(16, 2, 8, rule="softmax")
+    with pytest.raises(ValueError, match="num_v_heads"):
+        lnn.LinearAttention(16, 2, 8, num_v_heads=3)
+    with pytest.raises(ValueError, match="mixers"):
+        lnn.CausalLM(10, 16, 2, 2, 8, mixers=["attention"])
+    with pytest.raises(ValueError, match="mixers"):
+        lnn.CausalLM(10, 16, 1, 2, 8, mixers="mamba")
+    layer = lnn.LinearAttention(16, 2, 8)
+    _, cache = layer(torch.randn(1, 3, 16))
+    with pytest.raises(ValueError, match="cache"):
+        layer(torch.randn(1, 3, 16), cache, cu_seqlens=torch.tensor([0, 3]))
