@@ -1,0 +1,1 @@
+"""Bridges to other libraries. Each submodule imports its library only when used (optional extras)."""

@@ -1,0 +1,208 @@
+"""HF transformers' Qwen3-Next (and its relatives) on linattn: CPU, no Triton, same cache.
+
+``patch_qwen3_next()`` is the one call. Qwen3-Next's ``Qwen3NextGatedDeltaNet.forward`` calls two module-level
+functions, ``torch_chunk_gated_delta_rule`` (prefill) and ``torch_recurrent_gated_delta_rule`` (one-token decode);
+at import, transformers points them at flash-linear-attention's Triton kernels when fla is installed (which then
+fails on a CPU-only machine: "0 active drivers") and at its own slow torch loops otherwise. The patch points both
+at linattn (chunk form for prefill, :func:`linattn.step` for decode), with the same signature, the same state
+layout ``[B, HV, Dk, Dv]`` (so HF's cache holds linattn's state unchanged) and packed sequences (``cu_seqlens``).
+The short convolution is routed to HF's own torch implementation, which runs everywhere.
+
+``gated_deltanet_from_qwen3_next(hf_layer)`` builds a :class:`linattn.nn.LinearAttention` with the state dict of an
+HF ``Qwen3NextGatedDeltaNet`` (its fused, per-key-head-interleaved projections split into q/k/v/z/a/b).
+
+transformers itself is imported only by ``patch_qwen3_next`` (it is an optional extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+
+import torch
+
+import linattn
+from linattn.nn import LinearAttention
+from linattn.state import State
+
+# Models whose modeling file defines the same two functions (checked against transformers 5.24).
+MODELS = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid")
+_RULE_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+_CONV_FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update")
+
+
+def chunk_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HF's/fla's ``chunk_gated_delta_rule`` signature on :func:`linattn.linear_attention`.
+
+    query, key ``[B, T, H, Dk]``; value ``[B, T, HV, Dv]``; g, beta ``[B, T, HV]``; initial_state
+    ``[B, HV, Dk, Dv]`` (N entries with ``cu_seqlens``). Returns (output in query's dtype, final state or None).
+    Other keyword arguments HF passes along (position ids, masks) do not concern the rule and are ignored.
+    """
+    o, state = linattn.linear_attention(
+        query, key, value, rule="gated_delta", g=g.to(torch.float32) if g.dtype != torch.float64 else g,
+        beta=beta, feature_map="l2" if use_qk_l2norm_in_kernel else None, scale=scale,
+        initial_state=None if initial_state is None else State(initial_state), output_final_state=output_final_state,
+        chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+    )
+    return o.to(query.dtype), None if state is None else state.S
+
+
+def recurrent_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """HF's ``torch_recurrent_gated_delta_rule`` signature: one token through :func:`linattn.step` (longer inputs
+    take the chunk form, the same function)."""
+    if query.shape[1] != 1 or cu_seqlens is not None:
+        return chunk_gated_delta_rule(query, key, value, g, beta, initial_state=initial_state,
+                                      output_final_state=output_final_state,
+                                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                                      scale=scale)
+    o, state = linattn.step(
+        query[:, 0], key[:, 0], value[:, 0], None if initial_state is None else State(initial_state),
+        rule="gated_delta", g=g[:, 0], beta=beta[:, 0], feature_map="l2" if use_qk_l2norm_in_kernel else None,
+        scale=scale, state_dtype=torch.float32 if query.dtype != torch.float64 else None,
+    )
+    return o[:, None].to(query.dtype), state.S if output_final_state else None
+
+
+class Patch:
+    """What :func:`patch_qwen3_next` replaced; ``undo()`` (or leaving the ``with`` block) restores it."""
+
+    def __init__(self, saved: list[tuple[object, str, object]]):
+        self.saved = saved
+
+    def undo(self) -> None:
+        for module, name, original in reversed(self.saved):
+            setattr(module, name, original)
+        self.saved = []
+
+    def __enter__(self) -> Patch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undo()
+
+
+def _modeling(name: str):
+    """The model's modeling module, after checking that its layers look the rule up at call time (transformers 5
+    does; older versions bound it per instance in ``__init__``, which a module-level patch would not reach)."""
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    layers = [obj for obj in vars(module).values() if isinstance(obj, type) and obj.__name__.endswith("GatedDeltaNet")]
+    if not layers or not all(_RULE_FUNCTIONS[0] in inspect.unwrap(obj.forward).__code__.co_names for obj in layers):
+        import transformers
+
+        raise RuntimeError(
+            f"transformers {transformers.__version__}: {name}'s Gated DeltaNet does not call the module-level "
+            f"{_RULE_FUNCTIONS[0]}, so it cannot be routed to linattn (tested with transformers 5.24)"
+        )
+    return module
+
+
+def _set(saved: list, module, name: str, value) -> None:
+    saved.append((module, name, getattr(module, name)))
+    setattr(module, name, value)
+
+
+def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",)) -> Patch:
+    """Route the gated delta rule of these transformers models (``MODELS`` lists those known to share it) to
+    linattn, and their short convolution to HF's own torch code. Affects every instance, existing and future;
+    returns a :class:`Patch` (``undo()``, or use it as a context manager)."""
+    saved: list = []
+    for name in models:
+        if name not in MODELS:
+            raise ValueError(f"models: unknown model {name!r}; expected some of {list(MODELS)}")
+        module = _modeling(name)
+        _set(saved, module, _RULE_FUNCTIONS[0], chunk_gated_delta_rule)
+        _set(saved, module, _RULE_FUNCTIONS[1], recurrent_gated_delta_rule)
+        for fn in _CONV_FUNCTIONS:  # a CUDA-only causal_conv1d package would fail on CPU too
+            _set(saved, module, fn, hf_torch_fallback(getattr(module, fn)))
+    return Patch(saved)
+
+
+def hf_torch_fallback(fn):
+    """HF's own torch implementation behind a function transformers may have pointed at another package."""
+    return getattr(fn, "__wrapped__", fn)
+
+
+def use_hf_torch_fallback(models: tuple[str, ...] = ("qwen3_next",)) -> Patch:
+    """Route the same functions to transformers' own torch fallbacks (the slow reference; what HF runs without
+    fla), e.g. to compare against. Returns a :class:`Patch`."""
+    saved: list = []
+    for name in models:
+        module = _modeling(name)
+        for fn in _RULE_FUNCTIONS + _CONV_FUNCTIONS:
+            _set(saved, module, fn, hf_torch_fallback(getattr(module, fn)))
+    return Patch(saved)
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def gated_deltanet_from_qwen3_next(hf_layer: torch.nn.Module, *, chunk_size: int = 64) -> LinearAttention:
+    """A :class:`LinearAttention` (rule ``"gated_delta"``) equal to an HF ``Qwen3NextGatedDeltaNet``, weights
+    loaded from its state dict (same dtype and device)."""
+    layer = LinearAttention(
+        hf_layer.hidden_size, hf_layer.num_k_heads, hf_layer.head_k_dim, rule="gated_delta", feature_map="l2",
+        num_v_heads=hf_layer.num_v_heads, v_head_dim=hf_layer.head_v_dim, conv_size=hf_layer.conv_kernel_size,
+        per_channel_gate=False, output_gate=True, norm_eps=hf_layer.layer_norm_epsilon, chunk_size=chunk_size,
+    )
+    if hf_layer.activation != "silu":
+        raise ValueError(f"hf_layer: its convolution uses {hf_layer.activation!r}; linattn's short convolution is SiLU")
+    ref = next(hf_layer.parameters())
+    layer.to(device=ref.device, dtype=ref.dtype)
+    layer.load_state_dict(convert_qwen3_next_state_dict(hf_layer.state_dict(), num_k_heads=hf_layer.num_k_heads,
+                                                        head_k_dim=hf_layer.head_k_dim,
+                                                        num_v_heads=hf_layer.num_v_heads,
+                                                        head_v_dim=hf_layer.head_v_dim))
+    return layer
+
+
+def convert_qwen3_next_state_dict(sd: Mapping[str, torch.Tensor], *, num_k_heads: int, head_k_dim: int,
+                                  num_v_heads: int, head_v_dim: int) -> dict[str, torch.Tensor]:
+    """HF ``Qwen3NextGatedDeltaNet`` parameter names and layout -> :class:`LinearAttention`'s.
+
+    HF fuses q, k, v, z into ``in_proj_qkvz`` grouped per key head: rows ``[H, (Dk, Dk, G*Dv, G*Dv)]`` with
+    G = HV/H, and b, a into ``in_proj_ba`` as ``[H, (G, G)]``; its depthwise conv runs over [q | k | v] channels.
+    """
+    H, Dk, HV, Dv = num_k_heads, head_k_dim, num_v_heads, head_v_dim
+    G = HV // H
+    hidden = sd["in_proj_qkvz.weight"].shape[-1]
+    qkvz = sd["in_proj_qkvz.weight"].view(H, 2 * Dk + 2 * G * Dv, hidden)
+    q, k, v, z = qkvz.split([Dk, Dk, G * Dv, G * Dv], dim=1)
+    ba = sd["in_proj_ba.weight"].view(H, 2 * G, hidden)
+    b, a = ba.split([G, G], dim=1)
+    return {
+        "q_proj.weight": q.reshape(H * Dk, hidden),
+        "k_proj.weight": k.reshape(H * Dk, hidden),
+        "v_proj.weight": v.reshape(HV * Dv, hidden),
+        "z_proj.weight": z.reshape(HV * Dv, hidden),
+        "b_proj.weight": b.reshape(HV, hidden),
+        "g_proj.weight": a.reshape(HV, hidden),
+        "conv_weight": sd["conv1d.weight"][:, 0, :],
+        "A_log": sd["A_log"],
+        "dt_bias": sd["dt_bias"],
+        "o_norm.weight": sd["norm.weight"],
+        "o_proj.weight": sd["out_proj.weight"],
+    }

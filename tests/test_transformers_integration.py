@@ -1,0 +1,113 @@
+"""linattn.integrations.transformers against HF's own torch fallback, on a tiny randomly initialized Qwen3-Next
+(2 layers: one Gated DeltaNet, one full attention; no download)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers.models.qwen3_next")
+
+from linattn.integrations import transformers as lt  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = transformers.Qwen3NextConfig(
+        vocab_size=96, hidden_size=48, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=24, layer_types=["linear_attention", "full_attention"],
+    )
+    torch.manual_seed(0)
+    m = transformers.Qwen3NextForCausalLM(cfg).eval()
+    with torch.no_grad():  # HF initializes dt_bias to ones and A_log from one draw: vary them per head
+        for layer in m.model.layers:
+            if hasattr(layer, "linear_attn"):
+                layer.linear_attn.dt_bias.normal_(0, 1)
+    return m
+
+
+def run(model, ids, split=None):
+    """Logits of a full pass, or of a prefill of ``split`` tokens then one token at a time through HF's cache."""
+    with torch.no_grad():
+        if split is None:
+            return model(ids).logits
+        out = model(ids[:, :split], use_cache=True)
+        cache, logits = out.past_key_values, [out.logits]
+        for t in range(split, ids.shape[1]):
+            out = model(ids[:, t:t + 1], cache=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits)
+        return torch.cat(logits, dim=1)
+
+
+def test_full_pass_and_prefill_decode_match_hf_fallback(model):
+    ids = torch.randint(0, 96, (2, 75))  # more than one chunk, not a multiple of 64
+    with lt.use_hf_torch_fallback():
+        ref_full, ref_dec = run(model, ids), run(model, ids, split=67)
+    with lt.patch_qwen3_next():
+        ours_full, ours_dec = run(model, ids), run(model, ids, split=67)
+    scale = ref_full.abs().max()
+    assert (ours_full - ref_full).abs().max() <= 1e-5 * scale
+    assert (ours_dec - ref_dec).abs().max() <= 1e-5 * scale
+    assert (ours_dec - ref_full).abs().max() <= 1e-5 * scale  # and decode agrees with the full pass
+
+
+def test_patch_is_undone():
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    before = m.torch_chunk_gated_delta_rule
+    with lt.patch_qwen3_next() as patch:
+        assert m.torch_chunk_gated_delta_rule is lt.chunk_gated_delta_rule
+        assert m.torch_recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
+        assert patch.saved
+    assert m.torch_chunk_gated_delta_rule is before
+    with pytest.raises(ValueError, match="models"):
+        lt.patch_qwen3_next(models=("llama",))
+
+
+def test_gated_deltanet_loads_hf_state_dict(model):
+    hf_layer = model.model.layers[0].linear_attn
+    ours = lt.gated_deltanet_from_qwen3_next(hf_layer, chunk_size=16)
+    torch.manual_seed(1)
+    x = torch.randn(2, 40, 48)
+    with lt.use_hf_torch_fallback(), torch.no_grad():
+        y_hf = hf_layer(x)
+        y, _ = ours(x)
+        y_pre, cache = ours(x[:, :33])
+        steps = [y_pre]
+        for t in range(33, 40):
+            y_t, cache = ours(x[:, t:t + 1], cache)
+            steps.append(y_t)
+    scale = y_hf.abs().max()
+    assert (y - y_hf).abs().max() <= 1e-5 * scale
+    assert (torch.cat(steps, dim=1) - y_hf).abs().max() <= 1e-5 * scale
+
+
+def test_rule_with_cu_seqlens_equals_hf_per_sequence():
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    hf_chunk = lt.hf_torch_fallback(m.torch_chunk_gated_delta_rule)
+    gen = torch.Generator().manual_seed(2)
+    lengths = [10, 0, 70]
+    T, H, HV, Dk, Dv = sum(lengths), 2, 4, 8, 6
+    q, k = (torch.randn(1, T, H, Dk, generator=gen) for _ in range(2))
+    v = torch.randn(1, T, HV, Dv, generator=gen)
+    g = -torch.rand(1, T, HV, generator=gen)
+    beta = torch.rand(1, T, HV, generator=gen)
+    S0 = torch.randn(len(lengths), HV, Dk, Dv, generator=gen)
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    o, S = lt.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    for i in range(len(lengths)):
+        a, b = int(cu[i]), int(cu[i + 1])
+        if a == b:
+            assert torch.equal(S[i], S0[i])
+            continue
+        o_i, S_i = hf_chunk(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], initial_state=S0[i:i + 1],
+                            output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert (o[:, a:b] - o_i).abs().max() <= 1e-5 and (S[i] - S_i[0]).abs().max() <= 1e-5
