@@ -1,0 +1,38 @@
+"""The README's "Use it in a model" code blocks run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Use it in a model", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+def test_use_it_in_a_model_runs():
+    pytest.importorskip("transformers")
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    saved = {n: getattr(m, n) for n in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                                        "causal_conv1d_fn", "causal_conv1d_update")}
+    code = blocks()
+    assert len(code) == 3
+    namespace: dict = {}
+    torch.manual_seed(0)
+    try:
+        for block in code:
+            exec(compile(block, str(README), "exec"), namespace)
+    finally:
+        for name, fn in saved.items():
+            setattr(m, name, fn)
+    assert namespace["state"].S.shape == (3, 4, 32, 32)
+    assert namespace["y"].shape == (2, 50, 128) and namespace["y_next"].shape == (2, 1, 128)
+    assert namespace["logits"].shape == (1, 16, 100) and namespace["tokens"].shape == (1, 16)
