@@ -241,7 +241,8 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
 
 class SoftmaxAttention(nn.Module):
     """Causal softmax attention (PyTorch SDPA) with rotary positions and a KV cache; the same call signature as
-    :class:`LinearAttention` (``cu_seqlens`` as a block-diagonal mask)."""
+    :class:`LinearAttention`. ``cu_seqlens`` becomes a block-diagonal causal mask (positions restart per sequence);
+    the cache returned then is ``None``: sequences of different lengths have no common ``[B, L]`` cache."""
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, *, rope_base: float = 10000.0):
         super().__init__()
@@ -277,4 +278,4 @@ class SoftmaxAttention(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
             is_causal=mask is None and past == 0 and T > 1,
         )
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D)), KVCache(k, v)
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D)), None if cu_seqlens is not None else KVCache(k, v)

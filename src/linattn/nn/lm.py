@@ -61,7 +61,8 @@ class CausalLM(nn.Module):
             ``feature_map``, ``chunk_size`` ...).
 
     ``forward(input_ids, cache=None, cu_seqlens=None) -> (logits, cache)``; ``cache`` is a list with one entry per
-    layer. Feeding the returned cache with the next tokens continues the sequences.
+    layer. Feeding the returned cache with the next tokens continues the sequences. With ``cu_seqlens`` (packed
+    training batches) linear layers return one state per sequence and attention layers ``None``.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
