@@ -8,6 +8,8 @@ hidden 2048), B = 1, float32, one process, medians of repeated runs:
 * model: a randomly initialized Qwen3-Next with the real attention geometry but few layers and small experts
   (``--layers``, 3 linear : 1 full attention), prefill of T tokens.
 
+The two sides run interleaved, so a shared machine's changing load falls on both alike; ratios are the result.
+
     python scripts/qwen3_next_bench.py --T 4096 --out benchmarks/results/qwen3_next_cpu.json
 """
 
@@ -27,14 +29,18 @@ from linattn.integrations import transformers as lt
 from linattn.tools.results import atomic_write_json
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def paired_medians_ms(fns, repeats: int) -> list[float]:
+    """Median ms of each function, the runs interleaved (a, b, a, b, ...) so that a shared machine's changing load
+    falls on both alike; one warm-up run each first."""
+    for fn in fns:
         fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e3
+    samples = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, samples, strict=True):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(s) * 1e3 for s in samples]
 
 
 def config(layers: int) -> Qwen3NextConfig:
@@ -62,7 +68,7 @@ def main() -> None:
     rows = []
 
     def row(level, what, hf_fn, ours_fn, check):
-        hf_ms, ours_ms = median_ms(hf_fn, args.repeats), median_ms(ours_fn, args.repeats)
+        hf_ms, ours_ms = paired_medians_ms([hf_fn, ours_fn], args.repeats)
         a, b = check()
         err = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
         rows.append({"level": level, "what": what, "hf_fallback_ms": hf_ms, "linattn_ms": ours_ms,
