@@ -23,6 +23,8 @@ never divides 0 by 0 (which with ``eps=0`` would put NaN into the gradients thro
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from linattn import api
@@ -72,6 +74,13 @@ class _Layout:
         return x.reshape(self.N * self.T_max, *x.shape[2:])[self.flat].unsqueeze(0)
 
 
+def _check_initial(state, N, HV, Dk, Dv, normalize, device, **record) -> None:
+    """``api._check_state`` for the N initial states; passes the state-record arguments (rule, feature map, input
+    width) only where that function takes them (it gains them with the State record fields)."""
+    params = inspect.signature(api._check_state).parameters
+    api._check_state(state, N, HV, Dk, Dv, normalize, device, **{n: x for n, x in record.items() if n in params})
+
+
 def packed_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -112,7 +121,8 @@ def packed_linear_attention(
     N = layout.N
     S0 = None
     if initial_state is not None:
-        api._check_state(initial_state, N, HV, Dk, Dv, normalize, q.device)
+        _check_initial(initial_state, N, HV, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
+                       d_in=q.shape[-1])
         S0 = State(api._augmented(initial_state, dtype) if normalize else initial_state.S.to(dtype))
     vv = v.to(dtype)
     if normalize:
