@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import np64, rel_err
+from helpers import np64, reference_call, rel_err
 
 import linattn
 from linattn import State
@@ -62,6 +62,9 @@ def test_packed_equals_separate_calls(rule, form):
         assert rel_err(o, np64(o_sep)) <= 1e-12 and rel_err(state.S, np64(S_sep)) <= 1e-12
         if z_sep is not None:
             assert rel_err(state.z, np64(z_sep)) <= 1e-12
+        if form == "chunk":  # and the reference's own loop over the sequences
+            o_ref, S_ref, _ = reference_call(q, k, v, cu_seqlens=cu, **kwargs)
+            assert rel_err(o, o_ref) <= 1e-10 and rel_err(state.S, S_ref) <= 1e-10
         # the empty sequences kept their initial states exactly
         for i in (1, 4):
             assert torch.equal(state.S[i], kwargs["initial_state"].S[i])

@@ -93,7 +93,7 @@ def _check_qkv(q, k, v, token_dims: int) -> None:
         )
     if token_dims == 4 and q.shape[1] == 0:
         raise ValueError(f"empty sequence: q, k, v have T = 0 (shape {tuple(q.shape)})")
-    if min(q.shape) == 0 or v.shape[-1] == 0:
+    if min(q.shape) == 0 or min(v.shape) == 0:
         raise ValueError(f"q, k, v must have no empty dimension, got q {tuple(q.shape)} and v {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")

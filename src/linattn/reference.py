@@ -147,7 +147,7 @@ def _check_inputs(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise ValueError(f"v must match q on [B, T] and have a multiple of its H heads, got q {q.shape}, v {v.shape}")
     if q.shape[1] == 0:
         raise ValueError(f"empty sequence: q, k, v have T = 0 (shape {q.shape})")
-    if min(q.shape) == 0 or v.shape[-1] == 0:
+    if min(q.shape) == 0 or min(v.shape) == 0:
         raise ValueError(f"q, k, v must have no empty dimension, got q {q.shape} and v {v.shape}")
     return q, k, v
 
@@ -238,6 +238,7 @@ def linear_attention(
     beta: object | None = None,
     initial_S: object | None = None,
     initial_z: object | None = None,
+    cu_seqlens: object | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Every rule of :func:`linattn.linear_attention` as a plain loop over batch, head and token, in float64.
 
@@ -256,9 +257,16 @@ def linear_attention(
                      (i.e. S_t = (I - beta k k^T) diag(a) S_{t-1} + beta k v^T: Kimi Delta Attention per channel)
         output:      o = S^T q,  divided by (q^T z + eps) ("add") or max(q^T z, eps) ("clamp") when normalized
 
+    ``cu_seqlens`` (``[N + 1]`` ints, 0 ... T, with B = 1): N packed sequences, each run alone from its own
+    initial state (``initial_S [N, H, r, Dv]``); an empty one returns its initial state.
+
     Returns:
-        ``(o [B, T, H, Dv], S [B, H, r, Dv], z [B, H, r] or None)``, float64.
+        ``(o [B, T, H, Dv], S [B, H, r, Dv], z [B, H, r] or None)``, float64 (``S [N, ...]`` when packed).
     """
+    if cu_seqlens is not None:
+        return _packed(q, k, v, cu_seqlens, initial_S=initial_S, initial_z=initial_z, rule=rule,
+                       feature_map=feature_map, normalize=normalize, scale=scale, eps=eps, eps_mode=eps_mode, g=g,
+                       beta=beta)
     q, k, v = _check_inputs(q, k, v)
     normalize = _check_options(rule, normalize, eps, eps_mode, scale)
     fmap = _resolve_feature_map(feature_map)
@@ -300,3 +308,37 @@ def linear_attention(
             if z_all is not None:
                 z_all[b, h] = z
     return o, S_all, z_all
+
+
+def _packed(q, k, v, cu_seqlens, *, initial_S, initial_z, **kwargs):
+    """:func:`linear_attention` with ``cu_seqlens``: one call per sequence, states passed through empty ones."""
+    q, k, v = _check_inputs(q, k, v)
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.size < 2 or not np.issubdtype(cu.dtype, np.integer):
+        raise ValueError(f"cu_seqlens must be 1-D integers [N + 1], got {cu.dtype} shape {cu.shape}")
+    if q.shape[0] != 1 or cu[0] != 0 or cu[-1] != q.shape[1] or (np.diff(cu) < 0).any():
+        raise ValueError(f"cu_seqlens must run 0 ... T = {q.shape[1]} nondecreasing with B = 1, got {cu.tolist()}")
+    per_token = {n: kwargs.pop(n) for n in ("g", "beta")}
+    per_token = {n: (None if x is None else _as_float64(n, x)) for n, x in per_token.items()}
+    outputs, states, norms = [], [], []
+    for i in range(cu.size - 1):
+        a, b = int(cu[i]), int(cu[i + 1])
+        S0 = None if initial_S is None else _as_float64("initial_S", initial_S)[i:i + 1]
+        z0 = None if initial_z is None else _as_float64("initial_z", initial_z)[i:i + 1]
+        if a == b:  # no token: the state passes through (zeros when none was given)
+            if S0 is None:
+                probe = linear_attention(q[:, :1], k[:, :1], v[:, :1], initial_S=None, initial_z=None,
+                                         **{n: (None if x is None else x[:, :1]) for n, x in per_token.items()},
+                                         **kwargs)
+                S0 = np.zeros_like(probe[1])
+                z0 = None if probe[2] is None else np.zeros_like(probe[2])
+            states.append(S0)
+            norms.append(z0)
+            continue
+        o, S, z = linear_attention(q[:, a:b], k[:, a:b], v[:, a:b], initial_S=S0, initial_z=z0,
+                                   **{n: (None if x is None else x[:, a:b]) for n, x in per_token.items()}, **kwargs)
+        outputs.append(o)
+        states.append(S)
+        norms.append(z)
+    o = np.concatenate(outputs, axis=1)
+    return o, np.concatenate(states), (None if norms[0] is None else np.concatenate(norms))
