@@ -143,3 +143,23 @@ def test_l2_feature_map_values_and_reference():
     o_hand, _ = linattn.linear_attention(by_hand(q), by_hand(k), v, **kw)
     o, _ = linattn.linear_attention(q, k, v, **kwargs)
     assert rel_err(o, np64(o_hand)) <= 1e-14
+
+
+def test_kimi_delta_gradients_finite_through_resets():
+    """A per-channel reset (g = -inf on some channels) and a huge decay: chunk gradients equal the token loop's."""
+    gen = torch.Generator().manual_seed(4)
+    B, T, H, D, Dv = 1, 20, 2, 4, 3
+    q, k = (torch.randn(B, T, H, D, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+    v = torch.randn(B, T, H, Dv, generator=gen, dtype=torch.float64).requires_grad_()
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64).requires_grad_()
+    g = -torch.rand(B, T, H, D, generator=gen, dtype=torch.float64)
+    g[:, 5, :, :2] = -float("inf")
+    g[:, 12] = -200.0
+    g.requires_grad_()
+    grads = {}
+    for form in ("recurrent", "chunk"):
+        o, s = linattn.linear_attention(q, k, v, rule="gated_delta", g=g, beta=beta, feature_map="l2", form=form,
+                                        chunk_size=8, output_final_state=True)
+        grads[form] = torch.autograd.grad(o.sum() + s.S.sum(), [q, k, v, beta, g])
+    for a, b in zip(grads["chunk"], grads["recurrent"], strict=True):
+        assert torch.isfinite(a).all() and rel_err(a, np64(b)) <= 1e-10
