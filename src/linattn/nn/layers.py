@@ -70,15 +70,19 @@ def causal_conv(x, weight, history=None, cu_seqlens=None):
     if history is None:
         history = x.new_zeros(B, K - 1, C)
     xs = torch.cat([history.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
-    offsets = None if cu_seqlens is None else _sequence_offsets(cu_seqlens, T)
+    tail = xs[:, T:] if K > 1 else xs[:, :0]
+    if cu_seqlens is None:  # one depthwise conv1d (oneDNN on CPU), valid positions only: the history is the padding
+        y = F.conv1d(xs.transpose(1, 2), weight.unsqueeze(1), groups=C).transpose(1, 2)
+        return F.silu(y), tail
+    offsets = _sequence_offsets(cu_seqlens, T)
     y = 0
     for j in range(K):
         lag = K - 1 - j  # tap j reads token t - lag
         tap = xs[:, j:j + T] * weight[:, j]
-        if offsets is not None and lag:
+        if lag:  # no tap reaches into the previous sequence
             tap = tap * (offsets >= lag).to(x.dtype)[None, :, None]
         y = y + tap
-    return F.silu(y), xs[:, T:] if K > 1 else xs[:, :0]
+    return F.silu(y), tail
 
 
 class LinearAttention(nn.Module):
@@ -188,7 +192,7 @@ class LinearAttention(nn.Module):
             if cu_seqlens is not None:  # each sequence's own last K-1 inputs (zeros before its start)
                 conv_tail = _packed_tails(pre[0], self.conv_size, cu_seqlens)
         q, k, v = qkv.split([H * Dk, H * Dk, HV * Dv], dim=-1)
-        q, k, v = q.view(B, T, H, Dk), k.view(B, T, H, Dk), v.view(B, T, HV, Dv)
+        q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, HV, Dv)
         g = self._gate(x)
         beta = _wide(self.b_proj(x)).sigmoid() if self.rule in ("delta", "gated_delta") else None
         kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize)
