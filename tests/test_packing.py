@@ -141,3 +141,15 @@ def test_packed_needs_batch_one_and_n_initial_states():
     q = torch.rand(1, 5, 2, 3)
     with pytest.raises(ValueError, match="initial_state"):
         linattn.linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 2, 5]), initial_state=State.zeros(1, 2, 3, 3))
+
+
+def test_packed_final_state_continues_with_step():
+    """The N final states record this call's rule and feature map, so decode continues each sequence."""
+    (q, k, v), kwargs, cu = packed_inputs("gated_delta", [4, 7], group=1)
+    o, state = linattn.linear_attention(q, k, v, cu_seqlens=cu, output_final_state=True, **kwargs)
+    assert state.rule == "gated_delta" and state.feature_map == "l2"
+    x = torch.randn(2, 2, 3, dtype=torch.float64)
+    o_t, _ = linattn.step(x, x, torch.randn(2, 2, 2, dtype=torch.float64), state, rule="gated_delta",
+                          feature_map="l2", g=-torch.rand(2, 2, dtype=torch.float64),
+                          beta=torch.rand(2, 2, dtype=torch.float64))
+    assert torch.isfinite(o_t).all()

@@ -23,8 +23,6 @@ never divides 0 by 0 (which with ``eps=0`` would put NaN into the gradients thro
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from linattn import api
@@ -74,13 +72,6 @@ class _Layout:
         return x.reshape(self.N * self.T_max, *x.shape[2:])[self.flat].unsqueeze(0)
 
 
-def _check_initial(state, N, HV, Dk, Dv, normalize, device, **record) -> None:
-    """``api._check_state`` for the N initial states; passes the state-record arguments (rule, feature map, input
-    width) only where that function takes them (it gains them with the State record fields)."""
-    params = inspect.signature(api._check_state).parameters
-    api._check_state(state, N, HV, Dk, Dv, normalize, device, **{n: x for n, x in record.items() if n in params})
-
-
 def packed_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -121,8 +112,8 @@ def packed_linear_attention(
     N = layout.N
     S0 = None
     if initial_state is not None:
-        _check_initial(initial_state, N, HV, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
-                       d_in=q.shape[-1])
+        api._check_state(initial_state, N, HV, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
+                         d_in=q.shape[-1])
         S0 = State(api._augmented(initial_state, dtype) if normalize else initial_state.S.to(dtype))
     vv = v.to(dtype)
     if normalize:
@@ -135,5 +126,5 @@ def packed_linear_attention(
     o = layout.unpad(o)
     if normalize:
         o = api._read(o, eps, eps_mode)
-    final = None if S is None else api._split(S.S, normalize)
+    final = None if S is None else api._split(S.S, normalize, rule, feature_map)  # recorded as made by this call
     return o.to(v.dtype).contiguous(), final
