@@ -153,3 +153,26 @@ def test_packed_final_state_continues_with_step():
                           feature_map="l2", g=-torch.rand(2, 2, dtype=torch.float64),
                           beta=torch.rand(2, 2, dtype=torch.float64))
     assert torch.isfinite(o_t).all()
+
+
+def test_skewed_lengths_run_in_segments_and_stay_exact():
+    from linattn.packing import plan_segment
+
+    lengths = [40, 2, 3, 0, 2, 1, 2]
+    assert plan_segment(torch.tensor(lengths), 4) < 40  # padding every row to 40 would be wasteful
+    assert plan_segment(torch.tensor([10, 11, 12]), 4) == 12  # similar lengths: one call
+    for rule in linattn.RULES:
+        for form in linattn.supported_forms(rule):
+            (q, k, v), kwargs, cu = packed_inputs(rule, lengths, per_channel=rule == "gated")
+            o, state = linattn.linear_attention(q, k, v, form=form, chunk_size=4, cu_seqlens=cu,
+                                                output_final_state=True, **kwargs)
+            o_sep, S_sep, _ = separately(q, k, v, cu, form, 4, **kwargs)
+            assert rel_err(o, np64(o_sep)) <= 1e-12 and rel_err(state.S, np64(S_sep)) <= 1e-12, (rule, form)
+
+
+def test_nan_stays_in_its_sequence():
+    (q, k, v), kwargs, cu = packed_inputs("delta", [5, 9, 3])
+    k[0, 1] = float("nan")  # inside the first sequence
+    o, state = linattn.linear_attention(q, k, v, cu_seqlens=cu, chunk_size=4, output_final_state=True, **kwargs)
+    assert torch.isnan(o[0, 1:5]).any() and torch.isfinite(o[0, 5:]).all()
+    assert torch.isfinite(state.S[1:]).all()

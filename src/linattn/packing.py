@@ -2,19 +2,24 @@
 
 ``q, k [1, T, H, D]`` hold N sequences back to back; sequence i is tokens ``cu_seqlens[i]:cu_seqlens[i+1]``.
 
-Layout chosen: **rows of a padded batch**. The features of sequence i go to row i of a zero-filled
-``[N, T_max, ...]`` batch (one ``index_copy`` per input, no Python loop over sequences or chunks), one ordinary call
-runs all rows at once with the N initial states as its batch of states, and one gather takes the outputs back to
-their packed positions. It is exact in every rule and form, with no kernel change: the padding sits after each
-sequence's last token and has k = v = 0 (after the feature map), beta = 0 and log-gate 0, which leave the state
-unchanged (S <- 1 * S + 0), so row i's final state is sequence i's; a zero-length sequence is a row of padding and
-passes its initial state through. Nothing crosses a boundary because sequences never share a row.
+Layout chosen: **segments of rows of a padded batch**. Segment j holds tokens ``j*seg ... (j+1)*seg - 1`` of every
+sequence still running, one row each, padded to the longest; one ordinary call runs all its rows at once, starting
+from the states the previous segment left (the N initial states for the first), and one gather per input and
+per output moves tokens between packed and padded places: a Python loop over segments only, never over sequences
+or chunks. ``seg`` is T_max when that wastes little (one call), else shorter (:func:`plan_segment`: within 1.5x
+the slots of chunk-aligned packing). It is exact in every rule and form, with no kernel change: padding sits after
+each sequence's last token with v = 0 (its ones column too), beta = 0 and log-gate 0, which leave the state
+unchanged whatever k is (S <- 1 * S + k 0^T, and the delta write beta (v - S^T k) = 0); q and k there repeat a
+real token of the row, so any feature map stays finite. A zero-length sequence is never in a row and passes its
+initial state through. Nothing crosses a boundary because sequences never share a row.
 
-Cost: the rows hold ``N * T_max`` token slots for T real tokens. With similar lengths that is about T (the
-chunk form pays at most one partial chunk per sequence anyway); with one long sequence among many short ones it
-approaches ``N * T``. The alternative, chunk-aligned packing in one row (each sequence padded to a multiple of the
-chunk) costs at most ``T + N * C`` but needs the chunk carry to restart at each sequence start, a change in every
-kernel; that is left for a fused backend. Sort or bucket sequences by length upstream when lengths vary widely.
+Cost, measured (``python scripts/packing_cost.py``: gated delta, H=8, D=64, 1 thread of a shared 2-core EPYC,
+8 sequences): one packed call took 1.3x to 1.6x one unpacked call over the same tokens and 1.2x to 1.6x a Python
+loop of separate calls: similar lengths (900-1100) run as one call of 8 rows; one 4096-token sequence among seven
+of 128 as 16 calls of 256 tokens (padding all rows to 4096 had cost 6x more). What is left over the unpacked call
+is the padding and the smaller, wider batches. Chunk-aligned packing in one row (each sequence padded to a
+multiple of the chunk, cost at most T + N*C in one call) needs the chunk carry to restart at each sequence start,
+a change in every kernel; that is left for a fused backend.
 
 The normalizer z is handled here rather than by the inner call: the inner call runs unnormalized on [v | 1] (the
 ones column is 0 in the padding), and the division happens only at real tokens after the gather, so padding
@@ -48,28 +53,58 @@ def check_cu_seqlens(cu_seqlens: object, T: int, B: int, device) -> torch.Tensor
     return cu
 
 
-class _Layout:
-    """Where each packed token goes in the padded batch: flat index ``row * T_max + offset``."""
+def plan_segment(lengths: torch.Tensor, chunk_size: int, slack: float = 1.5) -> int:
+    """Segment length: the longest of T_max, then C * 2^j going down, whose padded slots stay within ``slack``
+    times those of chunk-aligned packing (sum of ceil(L_i / C) * C). Longer segments mean fewer calls (each call
+    costs a fixed overhead and runs a smaller batch); C itself always qualifies. ``lengths`` on the CPU, int64."""
+    T_max = int(lengths.max())
+    C = max(1, min(chunk_size, T_max))
+    target = int(((lengths + C - 1) // C * C).sum())
+    seg = T_max
+    while True:
+        starts = torch.arange(-(-T_max // seg)) * seg  # segment j covers offsets starts[j] ... starts[j] + seg - 1
+        rem = (lengths[None, :] - starts[:, None]).clamp(0, seg)  # [segments, N] tokens of each sequence in each
+        slots = int((rem.amax(dim=1) * (rem > 0).sum(dim=1)).sum())  # rows x width, summed over the calls
+        if slots <= slack * target or seg <= C:
+            return seg
+        seg = max(C, 1 << ((seg - 1).bit_length() - 1))  # the next lower power of two
 
-    def __init__(self, cu: torch.Tensor):
-        lengths = cu[1:] - cu[:-1]
-        self.N = lengths.numel()
-        self.T_max = int(lengths.max())
-        rows = torch.repeat_interleave(torch.arange(self.N, device=cu.device), lengths)
-        offsets = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][rows]
-        self.flat = rows * self.T_max + offsets
 
-    def pad(self, x: torch.Tensor | None) -> torch.Tensor | None:
-        """``[1, T, ...]`` -> ``[N, T_max, ...]``, zeros in the padding."""
+class _Segment:
+    """Tokens ``j * seg ... (j + 1) * seg - 1`` of every sequence still running: one row each, padded to the
+    longest. ``src`` are their packed positions, ``dst`` their places in the flattened ``[rows, width]``."""
+
+    def __init__(self, cu: torch.Tensor, lengths: torch.Tensor, j: int, seg: int):
+        self.active = torch.nonzero(lengths > j * seg).flatten()
+        rem = (lengths[self.active] - j * seg).clamp(max=seg)
+        self.rows, self.width = self.active.numel(), int(rem.max())
+        row = torch.repeat_interleave(torch.arange(self.rows, device=cu.device), rem)
+        starts = torch.cumsum(rem, 0) - rem
+        offset = torch.arange(int(rem.sum()), device=cu.device) - starts[row]
+        self.src = cu[:-1][self.active][row] + j * seg + offset
+        self.dst = row * self.width + offset
+        # For each padded slot, the packed token it holds; a padding slot reads its own row's first token here,
+        # so even a NaN there stays inside the sequence that already has it (see pad).
+        first = cu[:-1][self.active] + j * seg
+        self.gather = first.repeat_interleave(self.width)
+        self.gather[self.dst] = self.src
+        mask = torch.ones(self.rows * self.width, dtype=torch.bool, device=cu.device)
+        mask[self.dst] = False
+        self.padding = torch.nonzero(mask).flatten()
+
+    def pad(self, x: torch.Tensor | None, zero: bool) -> torch.Tensor | None:
+        """``[1, T, ...]`` -> ``[rows, width, ...]`` in one gather; the padding holds a real token's values (q, k:
+        finite features for any map), then zeros if ``zero`` (v, g, beta; a fresh tensor, zeroed in place)."""
         if x is None:
             return None
-        rest = x.shape[2:]
-        out = x.new_zeros(self.N * self.T_max, *rest)
-        return out.index_copy(0, self.flat, x[0]).view(self.N, self.T_max, *rest)
+        y = x[0, self.gather]
+        if zero and self.padding.numel():
+            y.index_fill_(0, self.padding, 0)
+        return y.view(self.rows, self.width, *x.shape[2:])
 
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """``[N, T_max, ...]`` -> ``[1, T, ...]``."""
-        return x.reshape(self.N * self.T_max, *x.shape[2:])[self.flat].unsqueeze(0)
+    def unpad(self, o: torch.Tensor) -> torch.Tensor:
+        """``[rows, width, ...]`` -> the real tokens, in ``src`` order."""
+        return o.reshape(self.rows * self.width, *o.shape[2:])[self.dst]
 
 
 def packed_linear_attention(
@@ -103,13 +138,11 @@ def packed_linear_attention(
     cu = check_cu_seqlens(cu_seqlens, T, B, q.device)
     normalize = api._resolve_normalize(rule, normalize)
     dtype = api._compute_dtype(q.dtype, state_dtype)
-    # The feature map goes first (token by token, so the same features as per sequence): padding must be zero
-    # *features*, and e.g. elu1(0) = 1 is not.
-    qf, kf, scale_ = api._features(q.to(dtype), k.to(dtype), resolve_feature_map(feature_map), scale)
-    Dk = qf.shape[-1]
+    fmap = resolve_feature_map(feature_map)
+    Dk = api._features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0].shape[-1]  # feature width
     api._check_gate_and_beta(rule, g, beta, (B, T, HV), Dk, q.device)
-    layout = _Layout(cu)
-    N = layout.N
+    lengths = cu[1:] - cu[:-1]
+    N = lengths.numel()
     S0 = None
     if initial_state is not None:
         api._check_state(initial_state, N, HV, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
@@ -118,13 +151,23 @@ def packed_linear_attention(
     vv = v.to(dtype)
     if normalize:
         vv = api._with_ones_column(vv)
-    o, S = api.linear_attention(
-        layout.pad(qf), layout.pad(kf), layout.pad(vv), rule=rule, form=form, feature_map=None, normalize=False,
-        scale=scale_, g=layout.pad(g), beta=layout.pad(beta), initial_state=S0,
-        output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=dtype,
-    )
-    o = layout.unpad(o)
+    S = torch.zeros(N, HV, Dk, vv.shape[-1], dtype=dtype, device=q.device) if S0 is None else S0.S
+    seg = plan_segment(lengths.cpu(), chunk_size)
+    sources, outputs = [], []
+    for j in range(-(-int(lengths.max()) // seg)):  # segments, each one call over all running sequences
+        part = _Segment(cu, lengths, j, seg)
+        o, S_part = api.linear_attention(
+            part.pad(q, False), part.pad(k, False), part.pad(vv, True), rule=rule, form=form, feature_map=fmap,
+            normalize=False, scale=scale, g=part.pad(g, True), beta=part.pad(beta, True),
+            initial_state=State(S[part.active]),
+            output_final_state=True, chunk_size=chunk_size, state_dtype=dtype,
+        )
+        S = S.index_copy(0, part.active, S_part.S.to(S.dtype))  # out of place: autograd keeps each segment's
+        sources.append(part.src)
+        outputs.append(part.unpad(o))
+    o = torch.cat(outputs)
+    o = o.new_empty(o.shape).index_copy_(0, torch.cat(sources), o).unsqueeze(0)  # back to packed order
     if normalize:
         o = api._read(o, eps, eps_mode)
-    final = None if S is None else api._split(S.S, normalize, rule, feature_map)  # recorded as made by this call
+    final = api._split(S, normalize, rule, feature_map) if output_final_state else None  # recorded as this call's
     return o.to(v.dtype).contiguous(), final
