@@ -141,6 +141,7 @@ def _mismatch_cases(rank: int) -> dict:
         "bad_gate": lambda: linear_attention(q, q, q, rule="gated", g=torch.full((1, 4, 2), -1.0 + 2 * (rank == 1))),
         "init_off_rank0": lambda: linear_attention(
             q, q, q, normalize=False, initial_state=State(torch.zeros(1, 2, 3, 3)) if rank == 1 else None),
+        "normalize_delta": lambda: linear_attention(q, q, q, rule="delta", beta=torch.ones(1, 4, 2), normalize=True),
         "cu_seqlens": lambda: linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 2, 4])),
     }
     for name, fn in bad.items():
@@ -218,6 +219,7 @@ def _check_mismatch(per_rank: list[dict]) -> None:
             assert out[name].startswith("RankMismatchError") and words in out[name], (r, name, out[name])
         assert "cu_seqlens" in out["cu_seqlens"] and "not supported" in out["cu_seqlens"], out["cu_seqlens"]
         assert out["after"] < TOL
+        assert out["normalize_delta"].startswith("ValueError: normalize=True: rule 'delta'"), out["normalize_delta"]
     # The rank with the bad input raises its own error; the other names it.
     assert per_rank[1]["init_off_rank0"].startswith("ValueError: initial_state is given on rank 1; pass it on rank 0")
     assert "rank 1 rejected" in per_rank[0]["init_off_rank0"]
@@ -238,3 +240,27 @@ def test_message_bytes_formula():
     assert message_bytes("gated", 2, 3, 4, 5, per_channel=True) == (2 * 3 * 4 * 6 + 2 * 3 * 4) * 4
     assert message_bytes("gated", 1, 1, 4, 5, normalize=False) == (4 * 5 + 1) * 4
     assert message_bytes("gated_delta", 1, 2, 4, 5, state_dtype=torch.float64) == 2 * 4 * 9 * 8
+
+
+def test_sp_bench_smoke(tmp_path):
+    """The tool end to end on tiny shapes: bytes flat in T and within headers of the formula, result valid."""
+    from click.testing import CliRunner
+
+    from linattn.tools import sp_bench
+    from linattn.tools.results import read_result
+
+    out = tmp_path / "sp.json"
+    args = ["--ranks", "2", "--lengths", "64,256", "--rules", "gated,delta", "--heads", "1", "--dim", "8",
+            "--repeats", "1", "--output", str(out)]
+    res = CliRunner().invoke(sp_bench.command, args)
+    assert res.exit_code == 0, res.output
+    doc = read_result(out, "sp_bench")
+    assert (tmp_path / "sp.png").stat().st_size > 0
+    for row in doc["rows"]:
+        msg = message_bytes(row["rule"], 1, 1, 8, 8)
+        assert row["message_bytes"] == msg and row["formula_fwd_bytes"] == msg
+        assert all(msg <= b <= msg + 4096 for b in row["bytes_fwd"]), row["bytes_fwd"]
+    assert all(c["ok"] for c in doc["checks"].values()), doc["checks"]
+    assert doc["model"]["ranks"][-1] == 1024
+    again = CliRunner().invoke(sp_bench.command, args)
+    assert again.exit_code != 0 and "exists" in str(again.exception or again.output)

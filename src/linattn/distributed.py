@@ -140,24 +140,6 @@ def _agree(desc: dict, rank: int, world: int, group) -> list[dict]:
     return all_desc
 
 
-def _local_inputs(q, k, v, g, beta, fmap, scale, dtype, cu_seqlens):
-    if cu_seqlens is not None:
-        raise ValueError("cu_seqlens: packed variable-length batches are not supported by linattn.distributed; "
-                         "split one sequence per batch row across the ranks")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4 or not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point [B, T, H, D] tensor, got {x.dtype} {tuple(x.shape)}")
-    if v.shape[2] != q.shape[2]:
-        raise ValueError(f"v has {v.shape[2]} heads but q has {q.shape[2]}: grouped value heads are not supported "
-                         "by linattn.distributed")
-    qf, kf = q.to(dtype), k.to(dtype)
-    if fmap is not None:
-        qf, kf = fmap(qf), fmap(kf)
-    return qf, kf, qf.shape[-1] ** -0.5 if scale is None else float(scale)
-
-
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -206,12 +188,22 @@ def linear_attention(
     # every rank has reported, so that no rank is left waiting in a collective.
     error = None
     try:
+        if normalize and rule in DELTA_RULES:
+            raise ValueError(f"normalize=True: rule {rule!r} defines no normalizer z; pass normalize=False or None")
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
         if rank > 0 and initial_state is not None:
             raise ValueError(f"initial_state is given on rank {rank}; pass it on rank 0 only (None on ranks > 0)")
-        qf, kf, scale_ = _local_inputs(q, k, v, g, beta, fmap, scale, dtype, cu_seqlens)
-        desc["Dk"] = int(qf.shape[-1])
-        o_loc, S_loc, q_in = _segment(qf, kf, v, g, beta, rule, normalize, scale_, initial_state, chunk_size, dtype)
-    except (ValueError, TypeError) as exc:
+        _check_local(q, k, v, cu_seqlens)
+        call = dict(rule=rule, feature_map=fmap, scale=scale, eps=eps, eps_mode=eps_mode, g=g, beta=beta,
+                    output_final_state=True, chunk_size=chunk_size, state_dtype=dtype)
+        q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)  # outputs that are corrected later stay in dtype
+        if rank == 0:
+            o, S_loc = _first_segment(q, k, v, initial_state, normalize, rule, call)
+        else:
+            o, S_loc = _later_segment(q_, k_, v_, normalize, rule, call)
+        desc["Dk"] = int(S_loc.shape[-2])
+    except Exception as exc:  # noqa: BLE001 - any local failure must reach the other ranks, not strand them
         error, desc["error"] = exc, f"{type(exc).__name__}: {exc}"
     try:
         _agree(desc, rank, world, group)
@@ -229,14 +221,13 @@ def linear_attention(
     maps = _AllGather.apply(msg, group)  # [W, n]
     S_in, S_out = _compose(maps, rank, world, rule, gate_total, S_loc.shape, Dv, output_final_state)
 
-    o = o_loc
-    if S_in is not None:  # the read of the incoming state, added to numerator and denominator alike
-        o = o + torch.einsum("bthk,bhkv->bthv", q_in, S_in.to(dtype))
-    else:
+    if rank == 0:
         o = _Attach.apply(o, maps)
-    if normalize:
-        num, den = o[..., :-1], o[..., -1:]
-        o = num / (den.clamp_min(eps) if eps_mode == "clamp" else (den + eps if eps else den))
+    else:  # the read of the incoming state, added to numerator and denominator alike, then the one division
+        o = _add_incoming(o, S_in.to(dtype), q_, g, rule, fmap, scale, Dv)
+        if normalize:
+            num, den = o[..., :-1], o[..., -1:]
+            o = num / (den.clamp_min(eps) if eps_mode == "clamp" else (den + eps if eps else den))
     final = None
     if output_final_state:
         S_out = S_out.to(dtype)
@@ -244,46 +235,78 @@ def linear_attention(
     return o.to(v.dtype), final
 
 
-def _segment(qf, kf, v, g, beta, rule, normalize, scale, initial_state, chunk_size, dtype):
-    """This rank's zero-start outputs, its map, and the queries that read the incoming state.
+def _check_local(q, k, v, cu_seqlens) -> None:
+    if cu_seqlens is not None:
+        raise ValueError("cu_seqlens: packed variable-length batches are not supported by linattn.distributed; "
+                         "split one sequence per batch row across the ranks")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4 or not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point [B, T, H, D] tensor, got {x.dtype} {tuple(x.shape)}")
+    if v.shape[2] != q.shape[2]:
+        raise ValueError(f"v has {v.shape[2]} heads but q has {q.shape[2]}: grouped value heads are not supported "
+                         "by linattn.distributed")
 
-    Returns ``o_loc [B, T, H, Dv(+1)]``, ``S_loc`` (``B`` with the normalizer column, or ``[B | M]`` for the delta
-    rules) and ``q_in [B, T, H, Dk]`` with ``o = o_loc + q_in @ S_in``.
+
+def _first_segment(q, k, v, initial_state, normalize, rule, call):
+    """Rank 0 starts from the initial state: a plain call gives its outputs, and its final state is its whole
+    contribution (sent with the normalizer as a last column, and for the delta rules padded to ``[B | M]``)."""
+    o, S = linattn.linear_attention(q, k, v, normalize=normalize, initial_state=initial_state, **call)
+    S_loc = torch.cat([S.S, S.z.unsqueeze(-1)], dim=-1) if normalize else S.S
+    if rule in DELTA_RULES:  # rank 0's transition is never used: zeros keep every message the same size
+        S_loc = torch.cat([S_loc, S_loc.new_zeros(*S_loc.shape[:-1], S_loc.shape[-2])], dim=-1)
+    return o, S_loc
+
+
+def _later_segment(q, k, v, normalize, rule, call):
+    """A later rank starts from zero: zero-start outputs (numerator and denominator apart) and its map.
+
+    delta rules: ``Dk`` extra value columns with zero values and the identity as their start carry the transition
+    ``M`` (final state ``[B | M]``) and read ``scale * M_t^T q_t`` as their outputs.
     """
-    B, T, H, Dk = qf.shape
-    vv = v.to(dtype)
-    S0 = None
-    if initial_state is not None:
-        if not isinstance(initial_state, State):
-            raise TypeError(f"initial_state must be a linattn.State or None, got {type(initial_state).__name__}")
-        if normalize and initial_state.z is None:
-            raise ValueError("initial_state.z is None but normalize=True needs the normalizer z")
-        if not normalize and initial_state.z is not None:
-            raise ValueError("initial_state.z is set but normalize=False keeps no normalizer; pass State(S) alone")
-        S0 = initial_state.S.to(dtype)
-        if normalize:
-            S0 = torch.cat([S0, initial_state.z.to(dtype).unsqueeze(-1)], dim=-1)
+    B, T, H, _ = q.shape
     if rule in DELTA_RULES:
-        # Dk extra value columns, zero values, identity start: they carry the transition M and read M_t^T q_t.
-        vv = torch.cat([vv, vv.new_zeros(B, T, H, Dk)], dim=-1)
-        eye = torch.eye(Dk, dtype=dtype, device=qf.device).expand(B, H, Dk, Dk)
-        start = torch.zeros(B, H, Dk, v.shape[-1], dtype=dtype, device=qf.device) if S0 is None else S0
-        S0 = torch.cat([start, eye], dim=-1)
-    elif normalize:
-        vv = torch.cat([vv, torch.ones_like(vv[..., :1])], dim=-1)
-    o, S = linattn.linear_attention(
-        qf, kf, vv, rule=rule, normalize=False, scale=scale, g=g, beta=beta,
-        initial_state=None if S0 is None else State(S0), output_final_state=True, chunk_size=chunk_size,
-        state_dtype=dtype,
-    )
+        Dk = _feature_width(k, call["feature_map"])
+        eye = torch.eye(Dk, dtype=v.dtype, device=v.device).expand(B, H, Dk, Dk)
+        start = torch.cat([eye.new_zeros(B, H, Dk, v.shape[-1]), eye], dim=-1)
+        v = torch.cat([v, v.new_zeros(B, T, H, Dk)], dim=-1)
+        o, S = linattn.linear_attention(q, k, v, normalize=False, initial_state=State(start), **call)
+        return o, S.S
+    if normalize:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    o, S = linattn.linear_attention(q, k, v, normalize=False, **call)
+    return o, S.S
+
+
+def _feature_width(k, fmap) -> int:
+    return k.shape[-1] if fmap is None else fmap(k[:1, :1]).shape[-1]
+
+
+def _add_incoming(o, S_in, q, g, rule, fmap, scale, Dv, slab: int = 2048):
+    """``o + q_in @ S_in``: the incoming state as read by each query.
+
+    delta rules: ``q_in = scale * M_t^T q_t``, the extra output columns. accumulate / gated:
+    ``q_in = scale * phi(q_t) * exp(G_t)``, ``G_t`` the log-gate summed from the segment's start (float64); built
+    slab by slab along T so that the feature map's temporaries stay in cache.
+    """
     if rule in DELTA_RULES:
-        Dv = v.shape[-1]
-        return o[..., :Dv], S.S, o[..., Dv:]
-    q_in = qf * scale
-    if g is not None:  # exp of the log-gate summed from the segment's start, per head or per channel
-        decay = g.to(torch.float64).cumsum(dim=1).exp().to(dtype)
-        q_in = q_in * (decay if g.dim() == 4 else decay.unsqueeze(-1))
-    return o, S.S, q_in
+        return o[..., :Dv] + torch.einsum("bthk,bhkv->bthv", o[..., Dv:], S_in)
+    scale = S_in.shape[-2] ** -0.5 if scale is None else scale
+    carry = None
+    pieces = []
+    gs = [None] * len(range(0, q.shape[1], slab)) if g is None else g.split(slab, dim=1)
+    for qs, os_, gs_ in zip(q.split(slab, dim=1), o.split(slab, dim=1), gs, strict=True):
+        q_in = (qs if fmap is None else fmap(qs)) * scale
+        if gs_ is not None:  # per head [B, t, H] or per channel [B, t, H, r]
+            G = gs_.to(torch.float64).cumsum(dim=1)
+            if carry is not None:
+                G = G + carry
+            carry = G[:, -1:]
+            decay = G.exp().to(q_in.dtype)
+            q_in = q_in * (decay if gs_.dim() == 4 else decay.unsqueeze(-1))
+        pieces.append(os_ + torch.einsum("bthk,bhkv->bthv", q_in, S_in))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
 def _compose(maps, rank, world, rule, gate_total, shape, Dv, want_final):

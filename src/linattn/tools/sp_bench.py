@@ -75,21 +75,19 @@ def _wchar() -> int:
     raise OSError("no wchar in /proc/self/io")
 
 
-def _timed(fn, repeats: int, barrier=None) -> list[float]:
+def _timed(fn, repeats: int) -> list[float]:
     fn()  # warm-up
     out = []
     for _ in range(repeats):
-        if barrier:
-            barrier()
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
     return out
 
 
-def _fwd_bwd(call, inp):
+def _fwd_bwd(call, inp, chunk_size: int = 64):
     def run():
-        o, _ = call(inp["q"], inp["k"], inp["v"], chunk_size=64, **inp["kw"])
+        o, _ = call(inp["q"], inp["k"], inp["v"], chunk_size=chunk_size, **inp["kw"])
         o.square().mean().backward()
         for t in inp["leaves"]:
             t.grad = None
@@ -115,11 +113,22 @@ def _worker(rank: int, world: int, port: int, cfg: SpConfig, path: str) -> None:
                 sp_attention(inp["q"], inp["k"], inp["v"], chunk_size=cfg.chunk_size, output_final_state=True,
                              **inp["kw"])
 
-            row = {"rule": rule, "T": T, "T_rank": Tr,
-                   "sp_fwd_s": _timed(fwd, cfg.repeats, dist.barrier),
-                   "sp_fwd_bwd_s": _timed(_fwd_bwd(sp_attention, grad_in), cfg.repeats, dist.barrier),
-                   "local_fwd_s": _timed(lambda inp=fwd_in: linattn.linear_attention(
-                       inp["q"], inp["k"], inp["v"], chunk_size=cfg.chunk_size, **inp["kw"]), cfg.repeats)}
+            # SP call and a plain call on the same segment, interleaved so that both see the same contention;
+            # every timed call starts at a barrier. The first round is a warm-up.
+            plain = lambda inp=fwd_in: linattn.linear_attention(  # noqa: E731
+                inp["q"], inp["k"], inp["v"], chunk_size=cfg.chunk_size, **inp["kw"])
+            calls = {"sp_fwd_s": fwd, "local_fwd_s": plain,
+                     "sp_fwd_bwd_s": _fwd_bwd(sp_attention, grad_in, cfg.chunk_size),
+                     "local_fwd_bwd_s": _fwd_bwd(linattn.linear_attention, grad_in, cfg.chunk_size)}
+            times: dict[str, list[float]] = {name: [] for name in calls}
+            for rep in range(cfg.repeats + 1):
+                for name, call in calls.items():
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    call()
+                    if rep:
+                        times[name].append(time.perf_counter() - t0)
+            row = {"rule": rule, "T": T, "T_rank": Tr, **times}
             # Bytes: one forward without autograd, then one forward and one backward with it, each measured alone.
             dist.barrier()
             w0 = _wchar()
@@ -189,7 +198,7 @@ def run(cfg: SpConfig) -> dict[str, Any]:
             single[rule, T] = {
                 "fwd_s": _timed(lambda i=f_in: linattn.linear_attention(
                     i["q"], i["k"], i["v"], chunk_size=cfg.chunk_size, **i["kw"]), cfg.repeats),
-                "fwd_bwd_s": _timed(_fwd_bwd(linattn.linear_attention, g_in), cfg.repeats),
+                "fwd_bwd_s": _timed(_fwd_bwd(linattn.linear_attention, g_in, cfg.chunk_size), cfg.repeats),
             }
     per_rank = _spawn(cfg)
     W = cfg.ranks
@@ -213,6 +222,9 @@ def run(cfg: SpConfig) -> dict[str, Any]:
             "single_fwd_ms": 1e3 * s_f, "single_fwd_bwd_ms": 1e3 * s_fb,
             "sp_fwd_ms": 1e3 * sp_f, "sp_fwd_bwd_ms": 1e3 * sp_fb,
             "local_plain_fwd_ms": 1e3 * slowest("local_fwd_s"),
+            "local_plain_fwd_bwd_ms": 1e3 * slowest("local_fwd_bwd_s"),
+            "sp_overhead_fwd": sp_f / slowest("local_fwd_s"),
+            "sp_overhead_fwd_bwd": sp_fb / slowest("local_fwd_bwd_s"),
             "speedup_fwd": s_f / sp_f, "speedup_fwd_bwd": s_fb / sp_fb,
         })
     doc = {
@@ -251,8 +263,9 @@ def _checks(rows: list[dict], world: int) -> dict[str, Any]:
 def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
     """Paper model of one step on W ranks, one sequence of ``model_T`` tokens (strong scaling).
 
-    compute: the measured per-token time of a rank's share (its slowest rank, at the longest T measured) times
-    T/W; composition: W - 1 measured float64 steps (sequential on each rank); communication: a ring all-gather,
+    compute: the per-token time of one process (measured alone, at the longest T) times the SP overhead measured
+    in the ranks (the SP call over a plain call on the same segment, interleaved), times T/W; composition: W - 1
+    measured float64 steps (sequential on each rank); communication: a ring all-gather,
     (W - 1) messages of the measured size, each costing latency + bytes / bandwidth; the backward repeats the
     composition and reduce-scatters the same volume (NCCL's ring; gloo's all-reduce would send twice that).
     LASP-2 all-gathers one [B, H, d, d] memory state per rank; ring attention passes every rank's K and V blocks
@@ -262,11 +275,12 @@ def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
     T = cfg.model_T
     elem = 4
     out: dict[str, Any] = {"T": T, "link_GBps": cfg.link_GBps, "latency_us": cfg.latency_us,
-                           "per_token_source": f"measured with {cfg.ranks} ranks at T = {max(cfg.lengths)}",
+                           "per_token_source": f"one process at T = {max(cfg.lengths)} x SP overhead",
                            "rules": {}, "ranks": list(MODEL_RANKS)}
     for rule in dict.fromkeys(r["rule"] for r in rows):
         last = max((r for r in rows if r["rule"] == rule), key=lambda r: r["T"])
-        c_f, c_fb = last["sp_fwd_ms"] / 1e3 / last["T_rank"], last["sp_fwd_bwd_ms"] / 1e3 / last["T_rank"]
+        c_f = last["single_fwd_ms"] / 1e3 / last["T"] * last["sp_overhead_fwd"]
+        c_fb = last["single_fwd_bwd_ms"] / 1e3 / last["T"] * last["sp_overhead_fwd_bwd"]
         step = _compose_step_s(rule, cfg, cfg.repeats)
         msg = last["message_bytes"]
         per_w = []
