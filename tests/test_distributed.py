@@ -53,6 +53,8 @@ def _case(name: str, T: int, seed: int) -> dict:
         kw["g"] = _gates(gen, (B, T, H), "near")
     if "nonorm" in name:
         kw["normalize"] = False
+    if "clamp" in name:  # the read's other epsilon convention, and an explicit scale
+        kw |= {"eps_mode": "clamp", "eps": 0.3, "scale": 0.7}
     normalize = kw.get("normalize", rule in ("accumulate", "gated"))
     init = None
     if "init" in name:
@@ -63,8 +65,8 @@ def _case(name: str, T: int, seed: int) -> dict:
 
 
 CASES = [
-    "accumulate:init", "accumulate:nonorm", "gated:head:init", "gated:channel:init", "gated:channel:nonorm",
-    "delta:init", "delta", "gated_delta:init",
+    "accumulate:init", "accumulate:nonorm", "accumulate:clamp", "gated:head:init", "gated:channel:init",
+    "gated:channel:nonorm", "delta:init", "delta", "gated_delta:init",
 ]
 
 

@@ -5,15 +5,18 @@ map, ``S -> a*S + B`` for accumulate and gated (``a`` the product of its gates, 
 ``S -> M S + B`` for the delta rules (``M`` a ``Dk x Dk`` transition). Every rank computes its map with one call of
 the public :func:`linattn.linear_attention`, the maps are exchanged with one all-gather (as LASP-2: the message is
 state-sized, independent of the segment length), each rank composes the prefix before it in float64 and corrects
-its outputs by the read of that incoming state. Nothing is recomputed:
+its outputs by the read of that incoming state. No segment is run twice:
 
-- accumulate / gated: the segment runs from a zero state with the normalizer as one more value column
+- rank 0 starts from the initial state: a plain call gives its outputs, and its final state is its whole map.
+- later ranks, accumulate / gated: the segment runs from a zero state with the normalizer as one more value column
   ``[v | 1]`` and no division, so numerator and denominator stay apart; the incoming state adds
-  ``(scale * phi(q_t) * exp(G_t)) @ S_in`` to both (``G_t`` the log-gate summed from the segment's start).
-- delta / gated delta: the segment runs once with ``Dk`` extra value columns that start as the identity and
-  receive zero values. Each column evolves on its own, so those columns end as ``M`` and their outputs are
-  ``scale * M_t^T q_t``, the query seen through the transition so far; ``o_t = o_t^zero + (scale M_t^T q_t) @ S_in``.
-  The price is ``Dk`` extra value columns in the segment's run (measured by ``linattn sp-bench``).
+  ``(scale * phi(q_t) * exp(G_t)) @ S_in`` to both (``G_t`` the log-gate summed from the segment's start; phi(q)
+  is evaluated a second time for this, slab by slab).
+- later ranks, delta / gated delta: the segment runs once with ``Dk`` extra value columns that start as the
+  identity and receive zero values. Each column evolves on its own, so those columns end as ``M`` and their
+  outputs are ``scale * M_t^T q_t``, the query seen through the transition so far;
+  ``o_t = o_t^zero + (scale M_t^T q_t) @ S_in``. The price is ``Dk`` extra value columns (``linattn sp-bench``
+  measures it).
 
 Autograd: the all-gather is a custom Function whose backward reduce-scatters the gradients of the maps (every rank
 receives the sum, over all ranks, of the gradient of its own map), so gradients w.r.t. q, k, v, g, beta and the

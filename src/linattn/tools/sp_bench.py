@@ -2,10 +2,11 @@
 
 Measured here: forward and forward+backward time of :func:`linattn.distributed.linear_attention` with the sequence
 split N ways (each rank one torch thread; a step takes as long as its slowest rank) against one process running
-the whole sequence with one thread, and the bytes each rank writes to its sockets (``wchar`` of /proc/self/io,
-which counts gloo's socket writes) in the forward and in the backward, checked against the message formula and
-shown flat in T. Modeled: the same step on 8-1024 ranks from the measured per-token compute and composition cost
-and the message size, under a stated link model, next to LASP-2's and ring attention's communication volumes.
+the whole sequence with one thread (rank 0, while the others wait, interleaved with the SP calls), and the bytes
+each rank writes to its sockets (``wchar`` of /proc/self/io, which counts gloo's socket writes) in the forward and
+in the backward, checked against the message formula and shown flat in T. Modeled: the same step on 8-1024 ranks
+from the measured per-token compute and composition cost and the message size, under a stated link model, next to
+LASP-2's and ring attention's communication volumes.
 """
 
 from __future__ import annotations
@@ -120,6 +121,16 @@ def _worker(rank: int, world: int, port: int, cfg: SpConfig, path: str) -> None:
             calls = {"sp_fwd_s": fwd, "local_fwd_s": plain,
                      "sp_fwd_bwd_s": _fwd_bwd(sp_attention, grad_in, cfg.chunk_size),
                      "local_fwd_bwd_s": _fwd_bwd(linattn.linear_attention, grad_in, cfg.chunk_size)}
+            # One process doing the whole sequence: rank 0 runs it while the others wait at the next barrier
+            # (gloo's barrier sleeps), in the same window as the SP calls.
+            whole_f, whole_g = (_inputs(rule, cfg.B, T, cfg.H, cfg.D, T, g) for g in (False, True)) if rank == 0 \
+                else (None, None)
+            calls |= {
+                "single_fwd_s": (lambda i=whole_f: linattn.linear_attention(
+                    i["q"], i["k"], i["v"], chunk_size=cfg.chunk_size, **i["kw"])) if rank == 0 else (lambda: None),
+                "single_fwd_bwd_s": _fwd_bwd(linattn.linear_attention, whole_g, cfg.chunk_size) if rank == 0
+                else (lambda: None),
+            }
             times: dict[str, list[float]] = {name: [] for name in calls}
             for rep in range(cfg.repeats + 1):
                 for name, call in calls.items():
@@ -190,16 +201,7 @@ def run(cfg: SpConfig) -> dict[str, Any]:
 
     started = time.perf_counter()
     load_before = os.getloadavg()
-    torch.set_num_threads(1)
-    single = {}
-    for rule in cfg.rules:
-        for T in cfg.lengths:
-            f_in, g_in = (_inputs(rule, cfg.B, T, cfg.H, cfg.D, T, g) for g in (False, True))
-            single[rule, T] = {
-                "fwd_s": _timed(lambda i=f_in: linattn.linear_attention(
-                    i["q"], i["k"], i["v"], chunk_size=cfg.chunk_size, **i["kw"]), cfg.repeats),
-                "fwd_bwd_s": _timed(_fwd_bwd(linattn.linear_attention, g_in, cfg.chunk_size), cfg.repeats),
-            }
+    torch.set_num_threads(1)  # the composition step is timed here, like the ranks: one thread
     per_rank = _spawn(cfg)
     W = cfg.ranks
     rows = []
@@ -211,7 +213,7 @@ def run(cfg: SpConfig) -> dict[str, Any]:
             return statistics.median(max(vals) for vals in zip(*(r[key] for r in ranks), strict=True))
 
         msg = message_bytes(rule, cfg.B, cfg.H, cfg.D, cfg.D)
-        s_f, s_fb = (statistics.median(single[rule, T][k]) for k in ("fwd_s", "fwd_bwd_s"))
+        s_f, s_fb = (statistics.median(base[k]) for k in ("single_fwd_s", "single_fwd_bwd_s"))
         sp_f, sp_fb = slowest("sp_fwd_s"), slowest("sp_fwd_bwd_s")
         rows.append({
             "rule": rule, "T": T, "T_rank": base["T_rank"], "message_bytes": msg,
