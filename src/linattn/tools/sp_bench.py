@@ -131,14 +131,17 @@ def _worker(rank: int, world: int, port: int, cfg: SpConfig, path: str) -> None:
                 "single_fwd_bwd_s": _fwd_bwd(linattn.linear_attention, whole_g, cfg.chunk_size) if rank == 0
                 else (lambda: None),
             }
-            times: dict[str, list[float]] = {name: [] for name in calls}
+            # Wall time, and the CPU time of this process (all its threads, gloo's included): on a machine shared
+            # with other jobs the CPU time is what a rank would take with a core of its own.
+            times: dict[str, list[float]] = {key: [] for name in calls for key in (name, name + "_cpu")}
             for rep in range(cfg.repeats + 1):
                 for name, call in calls.items():
                     dist.barrier()
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     call()
                     if rep:
                         times[name].append(time.perf_counter() - t0)
+                        times[name + "_cpu"].append(time.process_time() - c0)
             row = {"rule": rule, "T": T, "T_rank": Tr, **times}
             # Bytes: one forward without autograd, then one forward and one backward with it, each measured alone.
             dist.barrier()
@@ -228,15 +231,26 @@ def run(cfg: SpConfig) -> dict[str, Any]:
             "sp_overhead_fwd": sp_f / slowest("local_fwd_s"),
             "sp_overhead_fwd_bwd": sp_fb / slowest("local_fwd_bwd_s"),
             "speedup_fwd": s_f / sp_f, "speedup_fwd_bwd": s_fb / sp_fb,
+            # CPU time: what each call would take with a core to itself (no waiting for the machine).
+            "single_fwd_cpu_ms": 1e3 * statistics.median(base["single_fwd_s_cpu"]),
+            "single_fwd_bwd_cpu_ms": 1e3 * statistics.median(base["single_fwd_bwd_s_cpu"]),
+            "sp_fwd_cpu_ms": 1e3 * slowest("sp_fwd_s_cpu"), "sp_fwd_bwd_cpu_ms": 1e3 * slowest("sp_fwd_bwd_s_cpu"),
+            "local_plain_fwd_cpu_ms": 1e3 * slowest("local_fwd_s_cpu"),
+            "local_plain_fwd_bwd_cpu_ms": 1e3 * slowest("local_fwd_bwd_s_cpu"),
         })
+        r = rows[-1]
+        r["cpu_speedup_fwd"] = r["single_fwd_cpu_ms"] / r["sp_fwd_cpu_ms"]
+        r["cpu_speedup_fwd_bwd"] = r["single_fwd_bwd_cpu_ms"] / r["sp_fwd_bwd_cpu_ms"]
     doc = {
         "schema": "linattn.sp_bench/1",
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
         "environment": {
             "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads_per_process": 1, "backend": "gloo",
-            "loadavg_before": list(load_before), "torch": torch.__version__, "linattn": linattn.__version__,
-            "note": "timings on a CPU shared with other jobs; compare ratios within this run",
+            "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()), "torch": torch.__version__,
+            "linattn": linattn.__version__,
+            "note": "2 cores shared with other jobs (see loadavg): wall times include waiting for a core; the *_cpu_ms "
+                    "fields (process CPU time, all threads) are what a rank with a core of its own would take",
         },
         "rows": rows,
         "checks": _checks(rows, W),
@@ -265,8 +279,8 @@ def _checks(rows: list[dict], world: int) -> dict[str, Any]:
 def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
     """Paper model of one step on W ranks, one sequence of ``model_T`` tokens (strong scaling).
 
-    compute: the per-token time of one process (measured alone, at the longest T) times the SP overhead measured
-    in the ranks (the SP call over a plain call on the same segment, interleaved), times T/W; composition: W - 1
+    compute: the CPU time per local token of the slowest rank's SP call (at the longest T measured; CPU time, not
+    wall time, so that the machine's other jobs do not count) times T/W; composition: W - 1
     measured float64 steps (sequential on each rank); communication: a ring all-gather,
     (W - 1) messages of the measured size, each costing latency + bytes / bandwidth; the backward repeats the
     composition and reduce-scatters the same volume (NCCL's ring; gloo's all-reduce would send twice that).
@@ -277,12 +291,12 @@ def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
     T = cfg.model_T
     elem = 4
     out: dict[str, Any] = {"T": T, "link_GBps": cfg.link_GBps, "latency_us": cfg.latency_us,
-                           "per_token_source": f"one process at T = {max(cfg.lengths)} x SP overhead",
+                           "per_token_source": f"SP call CPU time per token, {cfg.ranks} ranks, T = {max(cfg.lengths)}",
                            "rules": {}, "ranks": list(MODEL_RANKS)}
     for rule in dict.fromkeys(r["rule"] for r in rows):
         last = max((r for r in rows if r["rule"] == rule), key=lambda r: r["T"])
-        c_f = last["single_fwd_ms"] / 1e3 / last["T"] * last["sp_overhead_fwd"]
-        c_fb = last["single_fwd_bwd_ms"] / 1e3 / last["T"] * last["sp_overhead_fwd_bwd"]
+        c_f = last["sp_fwd_cpu_ms"] / 1e3 / last["T_rank"]
+        c_fb = last["sp_fwd_bwd_cpu_ms"] / 1e3 / last["T_rank"]
         step = _compose_step_s(rule, cfg, cfg.repeats)
         msg = last["message_bytes"]
         per_w = []
@@ -317,14 +331,17 @@ def _cpu_model() -> str:
 
 def table(doc: dict[str, Any]) -> str:
     W = doc["config"]["ranks"]
-    lines = [f"| rule | T | 1 process fwd ms | {W} ranks fwd ms | speedup | 1 process fwd+bwd ms | "
-             f"{W} ranks fwd+bwd ms | speedup | bytes/rank fwd (formula) | bytes/rank bwd |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| rule | T | fwd ms: 1 process / {W} ranks (speedup) | fwd CPU ms: 1 process / slowest rank (speedup) | "
+             f"fwd+bwd ms (speedup) | fwd+bwd CPU ms (speedup) | bytes/rank fwd (formula) | bytes/rank bwd (formula) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         lines.append(
-            f"| {r['rule']} | {r['T']} | {r['single_fwd_ms']:.1f} | {r['sp_fwd_ms']:.1f} | {r['speedup_fwd']:.2f}x | "
-            f"{r['single_fwd_bwd_ms']:.1f} | {r['sp_fwd_bwd_ms']:.1f} | {r['speedup_fwd_bwd']:.2f}x | "
-            f"{max(r['bytes_fwd']):,} ({r['formula_fwd_bytes']:,}) | {max(r['bytes_bwd']):,} |")
+            f"| {r['rule']} | {r['T']} | {r['single_fwd_ms']:.1f} / {r['sp_fwd_ms']:.1f} ({r['speedup_fwd']:.2f}x) | "
+            f"{r['single_fwd_cpu_ms']:.1f} / {r['sp_fwd_cpu_ms']:.1f} ({r['cpu_speedup_fwd']:.2f}x) | "
+            f"{r['single_fwd_bwd_ms']:.1f} / {r['sp_fwd_bwd_ms']:.1f} ({r['speedup_fwd_bwd']:.2f}x) | "
+            f"{r['single_fwd_bwd_cpu_ms']:.1f} / {r['sp_fwd_bwd_cpu_ms']:.1f} ({r['cpu_speedup_fwd_bwd']:.2f}x) | "
+            f"{max(r['bytes_fwd']):,} ({r['formula_fwd_bytes']:,}) | {max(r['bytes_bwd']):,} "
+            f"({r['formula_bwd_bytes']:,}) |")
     return "\n".join(lines)
 
 
@@ -334,7 +351,8 @@ def plot(doc: dict[str, Any], path: str | os.PathLike, *, overwrite: bool = Fals
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    axes = axes.ravel()
     ax = axes[0]
     for rule in doc["checks"]:
         rr = [r for r in doc["rows"] if r["rule"] == rule]
@@ -345,8 +363,18 @@ def plot(doc: dict[str, Any], path: str | os.PathLike, *, overwrite: bool = Fals
     ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="bytes sent per rank (measured)",
            title=f"measured ({doc['config']['ranks']} gloo ranks): flat in T\n(dotted: formula (W-1) x message)")
     ax.legend(fontsize=7)
-    m = doc["model"]
     ax = axes[1]
+    W = doc["config"]["ranks"]
+    for rule in doc["checks"]:
+        rr = [r for r in doc["rows"] if r["rule"] == rule]
+        Ts = [r["T"] for r in rr]
+        line, = ax.plot(Ts, [r["single_fwd_bwd_cpu_ms"] for r in rr], "o--", label=f"{rule}: 1 process")
+        ax.plot(Ts, [r["sp_fwd_bwd_cpu_ms"] for r in rr], "s-", color=line.get_color(), label=f"{rule}: {W} ranks")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="forward+backward CPU ms (slowest rank)",
+           title="measured CPU time per step (a core each; the machine was shared)")
+    ax.legend(fontsize=7)
+    m = doc["model"]
+    ax = axes[2]
     for rule, d in m["rules"].items():
         ax.plot(m["ranks"], [x["bytes_per_rank_fwd"] for x in d["by_ranks"]], "o-", label=f"linattn {rule}")
     ax.plot(m["ranks"], m["lasp2_bytes_per_rank_fwd"], "k--", label="LASP-2 (d x d state)")
@@ -354,7 +382,7 @@ def plot(doc: dict[str, Any], path: str | os.PathLike, *, overwrite: bool = Fals
     ax.set(xscale="log", yscale="log", xlabel="ranks W", ylabel="bytes sent per rank, forward",
            title=f"model: T = {m['T']:,} tokens")
     ax.legend(fontsize=7)
-    ax = axes[2]
+    ax = axes[3]
     for rule, d in m["rules"].items():
         line, = ax.plot(m["ranks"], [x["fwd_ms"] for x in d["by_ranks"]], "o-", label=f"{rule} step")
         ax.plot(m["ranks"], [x["compute_fwd_ms"] for x in d["by_ranks"]], ":", color=line.get_color())
