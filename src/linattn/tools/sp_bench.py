@@ -297,6 +297,7 @@ def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
         last = max((r for r in rows if r["rule"] == rule), key=lambda r: r["T"])
         c_f = last["sp_fwd_cpu_ms"] / 1e3 / last["T_rank"]
         c_fb = last["sp_fwd_bwd_cpu_ms"] / 1e3 / last["T_rank"]
+        c_one = last["single_fwd_cpu_ms"] / 1e3 / last["T"]  # one process, plain call, whole sequence
         step = _compose_step_s(rule, cfg, cfg.repeats)
         msg = last["message_bytes"]
         per_w = []
@@ -307,7 +308,7 @@ def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
                 "W": W, "bytes_per_rank_fwd": (W - 1) * msg, "compute_fwd_ms": 1e3 * c_f * T / W,
                 "compose_fwd_ms": 1e3 * (W - 1) * step, "comm_fwd_ms": 1e3 * comm, "fwd_ms": 1e3 * fwd,
                 "fwd_bwd_ms": 1e3 * (c_fb * T / W + 2 * (W - 1) * step + 2 * comm),
-                "speedup_fwd_vs_1_rank": (c_f * T) / fwd,
+                "speedup_fwd_vs_1_process": (c_one * T) / fwd,
             })
         out["rules"][rule] = {"per_token_fwd_us": 1e6 * c_f, "per_token_fwd_bwd_us": 1e6 * c_fb,
                               "compose_step_us": 1e6 * step, "message_bytes": msg, "by_ranks": per_w}
