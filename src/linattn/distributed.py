@@ -204,7 +204,7 @@ def linear_attention(
         if rank == 0:
             o, S_loc = _first_segment(q, k, v, initial_state, normalize, rule, call)
         else:
-            o, S_loc = _later_segment(q_, k_, v_, normalize, rule, call)
+            o, S_loc, q_ = _later_segment(q_, k_, v_, normalize, rule, call)
         desc["Dk"] = int(S_loc.shape[-2])
     except Exception as exc:  # noqa: BLE001 - any local failure must reach the other ranks, not strand them
         error, desc["error"] = exc, f"{type(exc).__name__}: {exc}"
@@ -227,7 +227,7 @@ def linear_attention(
     if rank == 0:
         o = _Attach.apply(o, maps)
     else:  # the read of the incoming state, added to numerator and denominator alike, then the one division
-        o = _add_incoming(o, S_in.to(dtype), q_, g, rule, fmap, scale, Dv)
+        o = _add_incoming(o, S_in.to(dtype), q_, g, rule, scale, Dv)
         if normalize:
             num, den = o[..., :-1], o[..., -1:]
             o = num / (den.clamp_min(eps) if eps_mode == "clamp" else (den + eps if eps else den))
@@ -275,32 +275,40 @@ def _later_segment(q, k, v, normalize, rule, call):
         start = torch.cat([eye.new_zeros(B, H, Dk, v.shape[-1]), eye], dim=-1)
         v = torch.cat([v, v.new_zeros(B, T, H, Dk)], dim=-1)
         o, S = linattn.linear_attention(q, k, v, normalize=False, initial_state=State(start), **call)
-        return o, S.S
+        return o, S.S, None
+    # Features computed here (slab by slab, in cache) and passed as features: the correction reads phi(q) again.
+    fmap = call["feature_map"]
+    if fmap is not None:
+        q, k = (torch.cat([fmap(x) for x in t.split(_SLAB, dim=1)], dim=1) for t in (q, k))
     if normalize:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-    o, S = linattn.linear_attention(q, k, v, normalize=False, **call)
-    return o, S.S
+    o, S = linattn.linear_attention(q, k, v, normalize=False, **(call | {"feature_map": None}))
+    return o, S.S, q
+
+
+_SLAB = 2048  # tokens per slab of the elementwise work done here
 
 
 def _feature_width(k, fmap) -> int:
     return k.shape[-1] if fmap is None else fmap(k[:1, :1]).shape[-1]
 
 
-def _add_incoming(o, S_in, q, g, rule, fmap, scale, Dv, slab: int = 2048):
+def _add_incoming(o, S_in, qf, g, rule, scale, Dv, slab: int = _SLAB):
     """``o + q_in @ S_in``: the incoming state as read by each query.
 
     delta rules: ``q_in = scale * M_t^T q_t``, the extra output columns. accumulate / gated:
-    ``q_in = scale * phi(q_t) * exp(G_t)``, ``G_t`` the log-gate summed from the segment's start (float64); built
-    slab by slab along T so that the feature map's temporaries stay in cache.
+    ``q_in = scale * phi(q_t) * exp(G_t)`` (``qf`` holds phi(q)), ``G_t`` the log-gate summed from the segment's
+    start (float64); built slab by slab along T so that the temporaries stay in cache.
     """
     if rule in DELTA_RULES:
         return o[..., :Dv] + torch.einsum("bthk,bhkv->bthv", o[..., Dv:], S_in)
     scale = S_in.shape[-2] ** -0.5 if scale is None else scale
+    S_in = S_in * scale  # the scale on the small state rather than on every query
+    inplace = not (torch.is_grad_enabled() and (o.requires_grad or S_in.requires_grad))
     carry = None
     pieces = []
-    gs = [None] * len(range(0, q.shape[1], slab)) if g is None else g.split(slab, dim=1)
-    for qs, os_, gs_ in zip(q.split(slab, dim=1), o.split(slab, dim=1), gs, strict=True):
-        q_in = (qs if fmap is None else fmap(qs)) * scale
+    gs = [None] * len(range(0, qf.shape[1], slab)) if g is None else g.split(slab, dim=1)
+    for q_in, os_, gs_ in zip(qf.split(slab, dim=1), o.split(slab, dim=1), gs, strict=True):
         if gs_ is not None:  # per head [B, t, H] or per channel [B, t, H, r]
             G = gs_.to(torch.float64).cumsum(dim=1)
             if carry is not None:
@@ -308,7 +316,13 @@ def _add_incoming(o, S_in, q, g, rule, fmap, scale, Dv, slab: int = 2048):
             carry = G[:, -1:]
             decay = G.exp().to(q_in.dtype)
             q_in = q_in * (decay if gs_.dim() == 4 else decay.unsqueeze(-1))
-        pieces.append(os_ + torch.einsum("bthk,bhkv->bthv", q_in, S_in))
+        read = torch.einsum("bthk,bhkv->bthv", q_in, S_in)
+        if inplace:  # without autograd the zero-start outputs are ours to update
+            os_.add_(read)
+        else:
+            pieces.append(os_ + read)
+    if inplace:
+        return o
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
