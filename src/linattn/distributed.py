@@ -10,8 +10,8 @@ its outputs by the read of that incoming state. No segment is run twice:
 - rank 0 starts from the initial state: a plain call gives its outputs, and its final state is its whole map.
 - later ranks, accumulate / gated: the segment runs from a zero state with the normalizer as one more value column
   ``[v | 1]`` and no division, so numerator and denominator stay apart; the incoming state adds
-  ``(scale * phi(q_t) * exp(G_t)) @ S_in`` to both (``G_t`` the log-gate summed from the segment's start; phi(q)
-  is evaluated a second time for this, slab by slab).
+  ``(scale * phi(q_t) * exp(G_t)) @ S_in`` to both (``G_t`` the log-gate summed from the segment's start; the
+  features are computed here, slab by slab, passed to the call as features and reused for this read).
 - later ranks, delta / gated delta: the segment runs once with ``Dk`` extra value columns that start as the
   identity and receive zero values. Each column evolves on its own, so those columns end as ``M`` and their
   outputs are ``scale * M_t^T q_t``, the query seen through the transition so far;
