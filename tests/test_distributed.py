@@ -27,11 +27,13 @@ B, H, D, DV = 2, 2, 5, 3
 
 
 def _gates(gen, shape, kind):
-    """Log-gates: ``near`` mixes alpha ~ 1 (g = -1e-6) and alpha ~ 0 (g = -30) with ordinary values."""
+    """Log-gates: ``near`` mixes alpha ~ 1 (g = -1e-6), alpha ~ 0 (g = -30) and resets (g = -inf, alpha = 0)
+    with ordinary values."""
     g = F.logsigmoid(torch.randn(shape, generator=gen) * 2 + 1)
     if kind == "near":
         pick = torch.rand(shape, generator=gen)
         g = torch.where(pick < 0.3, torch.full_like(g, -1e-6), torch.where(pick > 0.85, torch.full_like(g, -30.0), g))
+        g = torch.where(pick > 0.97, torch.full_like(g, -torch.inf), g)
     return g
 
 
@@ -140,6 +142,8 @@ def _mismatch_cases(rank: int) -> dict:
         "rule": lambda: linear_attention(q, q, q, rule="gated" if rank == 1 else "accumulate",
                                          g=torch.zeros(1, 4, 2) if rank == 1 else None),
         "batch": lambda: linear_attention(*(torch.cat([q, q]) if rank == 1 else q,) * 3),
+        # One rank tracking gradients and another not would leave the first waiting in its backward.
+        "grad": lambda: linear_attention(q.clone().requires_grad_(rank == 1), q, q),
         "bad_gate": lambda: linear_attention(q, q, q, rule="gated", g=torch.full((1, 4, 2), -1.0 + 2 * (rank == 1))),
         "init_off_rank0": lambda: linear_attention(
             q, q, q, normalize=False, initial_state=State(torch.zeros(1, 2, 3, 3)) if rank == 1 else None),
@@ -215,7 +219,7 @@ def test_matches_one_process(world, tmp_path):
 
 
 def _check_mismatch(per_rank: list[dict]) -> None:
-    expect = {"heads": "heads H", "dtype": "input dtype", "rule": "rule", "batch": "batch size B"}
+    expect = {"heads": "heads H", "dtype": "input dtype", "rule": "rule", "batch": "batch size B", "grad": "autograd"}
     for r, out in enumerate(per_rank):
         for name, words in expect.items():
             assert out[name].startswith("RankMismatchError") and words in out[name], (r, name, out[name])
