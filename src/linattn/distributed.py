@@ -200,11 +200,10 @@ def linear_attention(
         _check_local(q, k, v, cu_seqlens)
         call = dict(rule=rule, feature_map=fmap, scale=scale, eps=eps, eps_mode=eps_mode, g=g, beta=beta,
                     output_final_state=True, chunk_size=chunk_size, state_dtype=dtype)
-        q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)  # outputs that are corrected later stay in dtype
         if rank == 0:
             o, S_loc = _first_segment(q, k, v, initial_state, normalize, rule, call)
-        else:
-            o, S_loc, q_ = _later_segment(q_, k_, v_, normalize, rule, call)
+        else:  # in the accumulation dtype: these outputs are corrected before they are rounded
+            o, S_loc, qf = _later_segment(q.to(dtype), k.to(dtype), v.to(dtype), normalize, rule, call)
         desc["Dk"] = int(S_loc.shape[-2])
     except Exception as exc:  # noqa: BLE001 - any local failure must reach the other ranks, not strand them
         error, desc["error"] = exc, f"{type(exc).__name__}: {exc}"
@@ -227,7 +226,7 @@ def linear_attention(
     if rank == 0:
         o = _Attach.apply(o, maps)
     else:  # the read of the incoming state, added to numerator and denominator alike, then the one division
-        o = _add_incoming(o, S_in.to(dtype), q_, g, rule, scale, Dv)
+        o = _add_incoming(o, S_in.to(dtype), qf, g, rule, scale, Dv)
         if normalize:
             num, den = o[..., :-1], o[..., -1:]
             o = num / (den.clamp_min(eps) if eps_mode == "clamp" else (den + eps if eps else den))
