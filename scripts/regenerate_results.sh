@@ -16,3 +16,4 @@ linattn stability --no-progress --overwrite --state-dtype float32 --dtype bfloat
   --output "$R/stability_cpu_state-float32.json" --plot "$R/stability_cpu_state-float32.png"
 linattn recall --no-progress --overwrite --output "$R/recall_d64.json" --plot "$R/recall_d64.png"
 linattn perf --overwrite --output "$R/perf_cpu.json" --markdown "$R/perf_cpu.md"
+linattn sp-bench --ranks 2 --repeats 3 --overwrite --output "$R/sp_bench_cpu.json"

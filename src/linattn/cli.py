@@ -14,6 +14,7 @@ COMMANDS = {
     "memory": ("linattn.tools.memory", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
     "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
     "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
+    "sp-bench": ("linattn.tools.sp_bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),
     "perf": ("linattn.tools.perf", "command", "CPU kernel benchmark against peers and the machine's own rates."),
 }
 
