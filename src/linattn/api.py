@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from linattn import kernels
 from linattn.feature_maps import FeatureMap, check_features, feature_map_name, resolve_feature_map
 from linattn.state import State, is_joint, joint_view
 
@@ -371,6 +372,7 @@ def linear_attention(
     output_final_state: bool = False,
     chunk_size: int = 64,
     state_dtype: torch.dtype | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State | None]:
     """Causal linear attention over a whole sequence; every ``form`` computes the same function.
 
@@ -398,6 +400,9 @@ def linear_attention(
         output_final_state: return the state after the last token (else ``None``).
         chunk_size: tokens per chunk in the ``"chunk"`` form (any T works, the last chunk may be shorter).
         state_dtype: accumulation dtype; default float32, or float64 when the inputs are float64.
+        backend: ``"auto"`` (default: a compiled kernel where it covers the call and was measured faster, else
+            the torch form), ``"torch"`` (always the torch forms) or ``"cpu"`` (the fused numba token loop: forward
+            only, float32 state, CPU; anything else is a ``ValueError``). See :mod:`linattn.kernels`.
 
     A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
     error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in
@@ -406,6 +411,7 @@ def linear_attention(
     """
     mod = _rule_module(rule)
     _check_form(mod, rule, form)
+    kernels.check_backend(backend)
     _check_qkv(q, k, v, 4)
     _warn_layout(q)
     _check_scalars(eps, eps_mode, scale, chunk_size)
@@ -433,6 +439,10 @@ def linear_attention(
     # Without autograd, each slab writes its share of the output in place (the division is that write).
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
+    fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S, fmap=fmap,
+                                    scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode, grad=grad)
+    if fast is not None:
+        return fast[0], (_split(fast[1], normalize, rule, feature_map) if output_final_state else None)
     out = None if grad else torch.empty(B, T, H, Dv, dtype=v.dtype, device=v.device)
     pieces = []
 
@@ -498,6 +508,7 @@ def step(
     beta: torch.Tensor | None = None,
     state_dtype: torch.dtype | None = None,
     inplace: bool = False,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State]:
     """One-token decode: write token t into ``state``, then read it with the query.
 
@@ -506,8 +517,10 @@ def step(
     :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).
     ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
     one (no autograd through it); the state must then already be in the accumulation dtype.
+    ``backend`` as in :func:`linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
     """
     mod = _rule_module(rule)
+    kernels.check_backend(backend)
     _check_qkv(q, k, v, 3)
     _check_scalars(eps, eps_mode, scale)
     _check_flag("inplace", inplace)
@@ -532,12 +545,12 @@ def step(
                      d_in=q.shape[-1])
         if inplace:
             _check_inplace(state, normalize, dtype)
-    vv = v.to(dtype)
-    if normalize:
-        vv = _with_ones_column(vv)
-        S = _augmented(state, dtype)
-    else:
-        S = state.S.to(dtype)
+    S = _augmented(state, dtype) if normalize else state.S.to(dtype)
+    fast = kernels.step(backend, rule=rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
+                        eps=eps / scale if fold_scale else eps, eps_mode=eps_mode, inplace=inplace)
+    if fast is not None:
+        return fast[0], _split(fast[1], normalize, rule, feature_map, into=state if inplace else None)
+    vv = _with_ones_column(v.to(dtype)) if normalize else v.to(dtype)
     o, S = mod.step(
         qf,
         kf,

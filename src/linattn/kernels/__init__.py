@@ -1,0 +1,137 @@
+"""Compiled backends behind :func:`linattn.linear_attention` and :func:`linattn.step`, chosen by one dispatch.
+
+``backend="torch"`` always runs the readable torch forms in :mod:`linattn.ops`. ``backend="cpu"`` runs the fused
+numba token loop (:mod:`linattn.kernels.cpu_numba`) and raises a ``ValueError`` for inputs it does not cover.
+``backend="auto"`` (the default) takes a compiled kernel only where one covers the call and was measured faster
+(docs/perf.md), and the torch form otherwise. More backends (e.g. Triton on CUDA) register in ``_BACKENDS``.
+
+The compiled kernels compute forward only, from a float32 state, on CPU tensors: a call that needs autograd,
+another state dtype, a device other than the CPU, or more than the rule's plain inputs runs the torch form. If
+numba is missing or fails to load, "cpu" and "auto" run the torch form after one warning.
+
+Each entry point returns ``None`` when the torch form should run, so the caller keeps its own path unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+
+import torch
+
+BACKENDS = ("auto", "torch", "cpu")
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
+# "auto" uses the compiled kernels for these forms ("step" is decode); the others (parallel, scan) are asked for
+# by name to study them, so they keep their torch form. Tests of the torch forms empty this tuple.
+AUTO_FORMS = ("chunk", "recurrent", "step")
+
+
+def check_backend(backend: object) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+    return backend
+
+
+_cpu_module = None
+_cpu_failed: str | None = None
+
+
+def _load_cpu():
+    """The numba module, or None (after one warning per process) when it cannot be imported."""
+    global _cpu_module, _cpu_failed
+    if _cpu_module is None and _cpu_failed is None:
+        try:
+            cpu_numba = importlib.import_module("linattn.kernels.cpu_numba")
+        except Exception as exc:  # ImportError, or a numba/llvmlite that fails to initialize
+            _cpu_failed = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"linattn: compiled CPU kernels unavailable ({_cpu_failed}); using the torch forms",
+                          RuntimeWarning, stacklevel=4)
+        else:
+            _cpu_module = cpu_numba
+    return _cpu_module
+
+
+def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool) -> str | None:
+    """Why the CPU kernel cannot take this call, or None when it can."""
+    if grad:
+        return "it has no backward (inputs require grad)"
+    if state.device.type != "cpu" or any(t is not None and t.device.type != "cpu" for t in tensors):
+        return "it runs on CPU tensors only"
+    if state.dtype != torch.float32:
+        return f"it keeps a float32 state, got state dtype {state.dtype}"
+    if any(t is not None and t.dtype not in INPUT_DTYPES for t in tensors):
+        return f"it takes {[str(d) for d in INPUT_DTYPES]} inputs"
+    return None
+
+
+def _resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
+    """True when the compiled kernel should run. A forced "cpu" that cannot take the call is an error."""
+    if backend == "torch":
+        return False
+    if backend == "cpu" and refusal is not None:
+        raise ValueError(f"backend='cpu' cannot run this call: {refusal}; use backend='auto' or 'torch'")
+    if backend == "auto" and (refusal is not None or not form_ok):
+        return False
+    return _load_cpu() is not None
+
+
+def _f32(x: torch.Tensor | None):
+    """float32, contiguous, detached NumPy view (a copy only when the dtype or the layout differs), or None."""
+    return None if x is None else x.detach().to(torch.float32).contiguous().numpy()
+
+
+def linear_attention(
+    backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, fmap: Callable | None,
+    scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Whole sequence on a compiled backend, or None for the torch forms.
+
+    Inputs as validated by :func:`linattn.linear_attention` (public layout ``[B, T, H, D]``, before the feature
+    map); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the normalizer as last column), not modified.
+    Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the same augmented layout.
+    """
+    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad)
+    if not _resolve(backend, refusal, form in AUTO_FORMS):
+        return None
+    qf, kf = q.to(torch.float32), k.to(torch.float32)
+    if fmap is not None:
+        qf, kf = fmap(qf), fmap(kf)
+    scale = qf.shape[-1] ** -0.5 if scale is None else float(scale)
+    if g is not None and g.dim() == 3:
+        g = g.unsqueeze(-1)  # one gate per head: [B, T, H, 1]
+    S = state.detach().clone(memory_format=torch.contiguous_format)
+    o = torch.empty(v.shape, dtype=torch.float32)
+    _cpu_module.run(_f32(qf), _f32(kf), _f32(v), _f32(g), _f32(beta), S.numpy(), o.numpy(), scale=scale,
+                    eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize)
+    return o.to(v.dtype), S
+
+
+def step(
+    backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+    beta: torch.Tensor | None, state: torch.Tensor, normalize: bool, eps: float, eps_mode: str, inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One decode token on a compiled backend, or None for the torch forms.
+
+    ``q`` (already scaled), ``k`` features in the state's dtype ``[B, H, Dk]``, ``v [B, H, Dv]``; ``state``
+    ``[B, H, Dk, Dv(+1)]``, updated in place when ``inplace`` (else copied first). Returns (o in v.dtype, state).
+    """
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
+    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad)
+    if not _resolve(backend, refusal, "step" in AUTO_FORMS):
+        return None
+    if not state.is_contiguous():
+        if inplace:
+            return None  # the torch form updates a strided state where it lies
+        state = state.contiguous()
+    if not inplace:
+        state = state.detach().clone()
+    B, H, _ = q.shape
+    o = torch.empty(B, 1, H, v.shape[-1], dtype=torch.float32)
+    # One token is a sequence of length 1: [B, H, ...] -> [B, 1, H, ...] views.
+    g = None if g is None else g.reshape(B, 1, H, -1)
+    beta = None if beta is None else beta.reshape(B, 1, H)
+    _cpu_module.run(*(_f32(x.reshape(B, 1, H, -1)) for x in (q, k, v)), _f32(g), _f32(beta), state.detach().numpy(),
+                    o.numpy(), scale=1.0, eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize)
+    return o.view(B, H, -1).to(v.dtype), state

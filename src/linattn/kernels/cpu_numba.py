@@ -1,0 +1,155 @@
+"""Compiled CPU kernels (numba): one fused token loop for every rule, for prefill and for the decode step.
+
+Per token and (batch, head) the state S [Dk, Dw] (Dw = Dv, or Dv + 1 with the normalizer z as a last column that
+is written with the value 1) is swept once or twice while it sits in L1, and the read is rearranged so that no
+second pass is needed for it:
+
+    gated / accumulate:  o = S_new^T q = S^T (a * q) + (q . k) v           one pass: read S^T q, write a S + k v^T
+    delta rules:         p = S^T k, r = S^T q (one pass), u = b (v - a p), o = a r + (q . k) u,
+                         S <- a S + k u^T (second pass)
+
+``a`` is exp(g) per head (or per key channel for ``gated``); exp(-inf) = 0 is an exact reset. The outputs are
+scaled, then divided by the normalizer column with the library's eps convention. Work is split over (batch, head)
+pairs with ``prange``; a small job runs the serial build of the same function (no thread wake-up).
+
+Compiled on first use for each dtype and cached on disk (``cache=True``: next to this file, or in numba's user
+cache directory when that is read-only, or ``NUMBA_CACHE_DIR``), so later processes load machine code.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import numba
+import numpy as np
+import torch
+
+_FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+
+
+def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel):
+    """q, k [B, T, H, Dk]; v [B, T, H, Dv]; g [B, T, H, 1 or Dk] (unused unless ``gated``); beta [B, T, H]
+    (unused unless ``delta``): float32. S [B, H, Dk, Dw] float32, updated in place; o [B, T, H, Dv] written.
+
+    Every scalar is float32 too: a float64 constant would widen the inner loops and halve the vector width.
+    """
+    B, T, H, Dk = q.shape
+    Dv = v.shape[3]
+    Dw = S.shape[3]
+    sc = np.float32(scale)
+    ep = np.float32(eps)
+    for bh in numba.prange(B * H):
+        b = bh // H
+        h = bh - b * H
+        Sbh = S[b, h]
+        r = np.empty(Dw, dtype=np.float32)
+        p = np.empty(Dw, dtype=np.float32)
+        w = np.empty(Dw, dtype=np.float32)
+        qa = np.empty(Dk, dtype=np.float32)
+        ga = np.ones(Dk, dtype=np.float32)
+        for t in range(T):
+            qt = q[b, t, h]
+            kt = k[b, t, h]
+            vt = v[b, t, h]
+            a = np.float32(1.0)
+            if gated and not per_channel:
+                a = np.float32(math.exp(g[b, t, h, 0]))
+            qk = np.float32(0.0)
+            for i in range(Dk):
+                qk += qt[i] * kt[i]
+            if per_channel:  # diag(a) S: the read S_new^T q becomes S^T (a * q), the gate rides on q
+                for i in range(Dk):
+                    ga[i] = np.float32(math.exp(g[b, t, h, i]))
+                    qa[i] = qt[i] * ga[i]
+            else:
+                for i in range(Dk):
+                    qa[i] = qt[i]
+            for j in range(Dv):
+                w[j] = vt[j]
+            if normalize:
+                w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
+            r[:] = np.float32(0.0)
+            if delta:
+                p[:] = np.float32(0.0)
+                for i in range(Dk):
+                    row = Sbh[i]
+                    ki = kt[i]
+                    qi = qa[i]
+                    for j in range(Dw):
+                        s = row[j]
+                        p[j] += ki * s
+                        r[j] += qi * s
+                bt = beta[b, t, h]
+                for j in range(Dw):
+                    w[j] = bt * (w[j] - a * p[j])  # the write u (delta rules have no normalizer column)
+                for i in range(Dk):
+                    row = Sbh[i]
+                    ki = kt[i]
+                    for j in range(Dw):
+                        row[j] = a * row[j] + ki * w[j]
+            else:
+                for i in range(Dk):
+                    row = Sbh[i]
+                    ki = kt[i]
+                    qi = qa[i]
+                    ai = ga[i] if per_channel else a
+                    for j in range(Dw):
+                        s = row[j]
+                        r[j] += qi * s
+                        row[j] = ai * s + ki * w[j]
+            ra = np.float32(1.0) if per_channel else a
+            if normalize:
+                den = sc * (ra * r[Dv] + qk)
+                den = max(den, ep) if clamp else den + ep
+                for j in range(Dv):
+                    o[b, t, h, j] = sc * (ra * r[j] + qk * w[j]) / den
+            else:
+                for j in range(Dv):
+                    o[b, t, h, j] = sc * (ra * r[j] + qk * w[j])
+
+
+token_loop_parallel = numba.njit(parallel=True, **_FLAGS)(_token_loop)
+token_loop_serial = numba.njit(**_FLAGS)(_token_loop)
+
+
+def _use_workqueue() -> None:
+    """Run parallel loops on numba's own thread pool unless the user chose a layer.
+
+    The OpenMP layer loads a second OpenMP runtime next to torch's; their idle threads spin against each other
+    and on 2 cores made the torch chunk form 5x slower after one numba call (measured, docs/perf.md). The
+    workqueue layer forbids concurrent launches, so ``run`` serializes parallel calls with a lock.
+    """
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        numba.config.THREADING_LAYER = "workqueue"
+
+
+_use_workqueue()
+_LOCK = threading.Lock()
+# Below this many state elements swept per call (B*H*T*Dk*Dw), waking the thread pool costs more than it saves.
+PARALLEL_MIN_WORK = 1 << 17
+
+
+def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normalize: bool) -> None:
+    """Call the token loop on float32 NumPy views: ``g`` [B, T, H, 1 or Dk] or None, ``beta`` [B, T, H] or None.
+
+    ``S`` [B, H, Dk, Dv(+1)] is updated in place and ``o`` [B, T, H, Dv] written. Threads: torch's count.
+    """
+    B, T, H, Dk = q.shape
+    gated, delta = g is not None, beta is not None
+    per_channel = gated and g.shape[3] != 1
+    g = _DUMMY4 if g is None else g
+    beta = _DUMMY3 if beta is None else beta
+    args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
+    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+    if threads > 1 and B * H > 1 and B * H * T * Dk * S.shape[3] >= PARALLEL_MIN_WORK:
+        with _LOCK:
+            numba.set_num_threads(threads)
+            token_loop_parallel(*args)
+    else:
+        token_loop_serial(*args)
+
+
+_DUMMY4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
+_DUMMY3 = np.zeros((1, 1, 1), dtype=np.float32)
