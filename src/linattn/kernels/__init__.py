@@ -109,11 +109,11 @@ def linear_attention(
     scale = qf.shape[-1] ** -0.5 if scale is None else float(scale)
     if g is not None and g.dim() == 3:
         g = g.unsqueeze(-1)  # one gate per head: [B, T, H, 1]
-    S = state.detach().clone(memory_format=torch.contiguous_format)
+    ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
     o = torch.empty(v.shape, dtype=torch.float32)
-    _cpu_module.run(_f32(qf), _f32(kf), _f32(v), _f32(g), _f32(beta), S.numpy(), o.numpy(), scale=scale,
-                    eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize)
-    return o.to(v.dtype), S
+    _cpu_module.run(_f32(qf), _f32(kf), _f32(v), _f32(g), _f32(beta), ST.numpy(), o.numpy(), scale=scale,
+                    eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize, transposed=True)
+    return o.to(v.dtype), ST.transpose(-1, -2).contiguous()
 
 
 def step(

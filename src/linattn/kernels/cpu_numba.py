@@ -114,6 +114,88 @@ token_loop_parallel = numba.njit(parallel=True, **_FLAGS)(_token_loop)
 token_loop_serial = numba.njit(**_FLAGS)(_token_loop)
 
 
+def _token_loop_t(q, k, v, g, beta, ST, o, scale, eps, clamp, normalize, gated, delta, per_channel):
+    """The same function as :func:`_token_loop` on a transposed state ``ST [B, H, Dw, Dk]`` (prefill).
+
+    Each value column of S is then a contiguous row, so both reads (S^T k, S^T q) are dot products kept in
+    registers and the write follows on the same row while it is in L1: one load and one store per state entry
+    and token, where the [Dk, Dw] layout also loads and stores the partial read vector. The token's q and k are
+    first copied to local arrays (the vectorizer then needs no alias checks against the state). The dot products
+    need reordered sums (``reassoc``): rounding differs from the torch forms at the 1e-7 level.
+    """
+    B, T, H, Dk = q.shape
+    Dv = v.shape[3]
+    Dw = ST.shape[2]
+    sc = np.float32(scale)
+    ep = np.float32(eps)
+    for bh in numba.prange(B * H):
+        b = bh // H
+        h = bh - b * H
+        STbh = ST[b, h]
+        r = np.empty(Dw, dtype=np.float32)
+        w = np.empty(Dw, dtype=np.float32)
+        qa = np.empty(Dk, dtype=np.float32)
+        ka = np.empty(Dk, dtype=np.float32)
+        ga = np.ones(Dk, dtype=np.float32)
+        for t in range(T):
+            a = np.float32(1.0)
+            if gated and not per_channel:
+                a = np.float32(math.exp(g[b, t, h, 0]))
+            qk = np.float32(0.0)
+            for i in range(Dk):
+                qa[i] = q[b, t, h, i]
+                ka[i] = k[b, t, h, i]
+                qk += qa[i] * ka[i]
+            if per_channel:  # diag(a) S: the read becomes S^T (a * q), the gate rides on q
+                for i in range(Dk):
+                    ga[i] = np.float32(math.exp(g[b, t, h, i]))
+                    qa[i] = qa[i] * ga[i]
+            else:
+                for i in range(Dk):
+                    ga[i] = a
+            for j in range(Dv):
+                w[j] = v[b, t, h, j]
+            if normalize:
+                w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
+            if delta:
+                bt = beta[b, t, h]
+                for j in range(Dw):
+                    pj = np.float32(0.0)
+                    rj = np.float32(0.0)
+                    for i in range(Dk):
+                        s = STbh[j, i]
+                        pj += ka[i] * s
+                        rj += qa[i] * s
+                    uj = bt * (w[j] - a * pj)
+                    for i in range(Dk):
+                        STbh[j, i] = a * STbh[j, i] + ka[i] * uj
+                    r[j] = rj
+                    w[j] = uj
+            else:
+                for j in range(Dw):
+                    rj = np.float32(0.0)
+                    wj = w[j]
+                    for i in range(Dk):
+                        s = STbh[j, i]
+                        rj += qa[i] * s
+                        STbh[j, i] = ga[i] * s + ka[i] * wj
+                    r[j] = rj
+            ra = np.float32(1.0) if per_channel else a
+            if normalize:
+                den = sc * (ra * r[Dv] + qk)
+                den = max(den, ep) if clamp else den + ep
+                for j in range(Dv):
+                    o[b, t, h, j] = sc * (ra * r[j] + qk * w[j]) / den
+            else:
+                for j in range(Dv):
+                    o[b, t, h, j] = sc * (ra * r[j] + qk * w[j])
+
+
+_FLAGS_T = dict(_FLAGS, fastmath={"contract", "reassoc", "nsz"})  # nsz: a sum starting at +0.0 vectorizes
+prefill_parallel = numba.njit(parallel=True, **_FLAGS_T)(_token_loop_t)
+prefill_serial = numba.njit(**_FLAGS_T)(_token_loop_t)
+
+
 def _use_workqueue() -> None:
     """Run parallel loops on numba's own thread pool unless the user chose a layer.
 
@@ -131,10 +213,12 @@ _LOCK = threading.Lock()
 PARALLEL_MIN_WORK = 1 << 17
 
 
-def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normalize: bool) -> None:
+def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
+        transposed: bool = False) -> None:
     """Call the token loop on float32 NumPy views: ``g`` [B, T, H, 1 or Dk] or None, ``beta`` [B, T, H] or None.
 
-    ``S`` [B, H, Dk, Dv(+1)] is updated in place and ``o`` [B, T, H, Dv] written. Threads: torch's count.
+    ``S`` [B, H, Dk, Dv(+1)] (``transposed``: [B, H, Dv(+1), Dk], the prefill kernel) is updated in place and
+    ``o`` [B, T, H, Dv] written. Threads: torch's count.
     """
     B, T, H, Dk = q.shape
     gated, delta = g is not None, beta is not None
@@ -142,13 +226,14 @@ def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normal
     g = _DUMMY4 if g is None else g
     beta = _DUMMY3 if beta is None else beta
     args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
+    parallel, serial = (prefill_parallel, prefill_serial) if transposed else (token_loop_parallel, token_loop_serial)
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    if threads > 1 and B * H > 1 and B * H * T * Dk * S.shape[3] >= PARALLEL_MIN_WORK:
+    if threads > 1 and B * H > 1 and B * H * T * S.shape[2] * S.shape[3] >= PARALLEL_MIN_WORK:
         with _LOCK:
             numba.set_num_threads(threads)
-            token_loop_parallel(*args)
+            parallel(*args)
     else:
-        token_loop_serial(*args)
+        serial(*args)
 
 
 _DUMMY4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
