@@ -127,10 +127,15 @@ def step(
     """
     if backend == "torch":
         return None
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
-    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad)
-    if not _resolve(backend, refusal, "step" in AUTO_FORMS):
-        return None
+    # Decode is all overhead at batch 1: the common case (CPU, float32, no autograd) is decided in a few checks.
+    plain = (state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
+             and not (q.requires_grad or k.requires_grad or v.requires_grad or state.requires_grad)
+             and (g is None or not g.requires_grad) and (beta is None or not beta.requires_grad))
+    if not (plain and _cpu_module is not None and "step" in AUTO_FORMS):
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
+        refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad)
+        if not _resolve(backend, refusal, "step" in AUTO_FORMS):
+            return None
     if not state.is_contiguous():
         if inplace:
             return None  # the torch form updates a strided state where it lies

@@ -40,15 +40,14 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
     Dw = S.shape[3]
     sc = np.float32(scale)
     ep = np.float32(eps)
+    work = np.empty((B * H, 5, max(Dk, Dw)), dtype=np.float32)  # scratch vectors: one allocation per call
     for bh in numba.prange(B * H):
         b = bh // H
         h = bh - b * H
         Sbh = S[b, h]
-        r = np.empty(Dw, dtype=np.float32)
-        p = np.empty(Dw, dtype=np.float32)
-        w = np.empty(Dw, dtype=np.float32)
-        qa = np.empty(Dk, dtype=np.float32)
-        ga = np.ones(Dk, dtype=np.float32)
+        r, p, w = work[bh, 0], work[bh, 1], work[bh, 2]
+        qa, ga = work[bh, 3, :Dk], work[bh, 4, :Dk]
+        ga[:] = np.float32(1.0)
         for t in range(T):
             qt = q[b, t, h]
             kt = k[b, t, h]
@@ -73,7 +72,17 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
             r[:] = np.float32(0.0)
             if delta:
                 p[:] = np.float32(0.0)
-                for i in range(Dk):
+                # Four rows per sweep: the partial sums p and r are loaded and stored once per four state rows.
+                i4 = Dk - Dk % 4
+                for i in range(0, i4, 4):
+                    r0, r1, r2, r3 = Sbh[i], Sbh[i + 1], Sbh[i + 2], Sbh[i + 3]
+                    k0, k1, k2, k3 = kt[i], kt[i + 1], kt[i + 2], kt[i + 3]
+                    q0, q1, q2, q3 = qa[i], qa[i + 1], qa[i + 2], qa[i + 3]
+                    for j in range(Dw):
+                        s0, s1, s2, s3 = r0[j], r1[j], r2[j], r3[j]
+                        p[j] += k0 * s0 + k1 * s1 + k2 * s2 + k3 * s3
+                        r[j] += q0 * s0 + q1 * s1 + q2 * s2 + q3 * s3
+                for i in range(i4, Dk):
                     row = Sbh[i]
                     ki = kt[i]
                     qi = qa[i]
@@ -128,15 +137,13 @@ def _token_loop_t(q, k, v, g, beta, ST, o, scale, eps, clamp, normalize, gated, 
     Dw = ST.shape[2]
     sc = np.float32(scale)
     ep = np.float32(eps)
+    work = np.empty((B * H, 5, max(Dk, Dw)), dtype=np.float32)  # scratch vectors: one allocation per call
     for bh in numba.prange(B * H):
         b = bh // H
         h = bh - b * H
         STbh = ST[b, h]
-        r = np.empty(Dw, dtype=np.float32)
-        w = np.empty(Dw, dtype=np.float32)
-        qa = np.empty(Dk, dtype=np.float32)
-        ka = np.empty(Dk, dtype=np.float32)
-        ga = np.ones(Dk, dtype=np.float32)
+        r, w = work[bh, 0], work[bh, 1]
+        qa, ka, ga = work[bh, 2, :Dk], work[bh, 3, :Dk], work[bh, 4, :Dk]
         for t in range(T):
             a = np.float32(1.0)
             if gated and not per_channel:
