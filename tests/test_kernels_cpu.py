@@ -165,3 +165,18 @@ def test_missing_numba_warns_once_and_falls_back(monkeypatch):
         o2, _ = linattn.linear_attention(q, k, v, **kw)
     assert torch.equal(o, o2)
     assert rel_err(o, reference_call(q, k, v, **kw)[0]) < 2e-3
+
+
+def test_dispatch_refuses_what_the_kernel_does_not_know():
+    """Arguments the compiled kernel does not take (packed sequences, grouped value heads) go to the torch forms."""
+    q, k, v, kw = make("gated_delta", "head", B=1, T=9, H=2, gates="range")
+    S = torch.zeros(1, 2, 5, 7)
+    common = dict(rule="gated_delta", form="chunk", q=q, k=k, v=v, g=kw["g"], beta=kw["beta"], state=S, fmap=None,
+                  scale=None, normalize=False, eps=1e-6, eps_mode="add", grad=False)
+    assert kernels.linear_attention("auto", **common, cu_seqlens=None) is not None
+    assert kernels.linear_attention("auto", **common, cu_seqlens=torch.tensor([0, 4, 9])) is None
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        kernels.linear_attention("cpu", **common, cu_seqlens=torch.tensor([0, 4, 9]))
+    grouped = dict(common, v=torch.randn(1, 9, 4, 7))  # HV = 2 H
+    assert kernels.linear_attention("auto", **grouped) is None
+    assert kernels.linear_attention("torch", **common) is None

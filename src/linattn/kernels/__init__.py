@@ -52,8 +52,20 @@ def _load_cpu():
     return _cpu_module
 
 
-def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool) -> str | None:
-    """Why the CPU kernel cannot take this call, or None when it can."""
+def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
+    """Why the CPU kernel cannot take this call, or None when it can. ``tensors`` is (q, k, v, g, beta).
+
+    Inputs the kernel does not know (e.g. packed sequences, passed through ``extra``), grouped value heads and
+    per-channel gates on the delta rules go to the torch forms.
+    """
+    q, _, v, g, _ = tensors
+    unknown = [name for name, x in (extra or {}).items() if x is not None]
+    if unknown:
+        return f"it does not take {', '.join(unknown)}"
+    if v.shape[-2] != q.shape[-2]:
+        return "it needs as many value heads as query heads"
+    if g is not None and rule in ("delta", "gated_delta") and g.dim() == q.dim():
+        return "its delta rules take one gate per head"
     if grad:
         return "it has no backward (inputs require grad)"
     if state.device.type != "cpu" or any(t is not None and t.device.type != "cpu" for t in tensors):
@@ -92,15 +104,16 @@ def _f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
 def linear_attention(
     backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, fmap: Callable | None,
-    scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool,
+    scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool, **extra: object,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Whole sequence on a compiled backend, or None for the torch forms.
 
     Inputs as validated by :func:`linattn.linear_attention` (public layout ``[B, T, H, D]``, before the feature
     map); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the normalizer as last column), not modified.
-    Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the same augmented layout.
+    ``extra``: any further argument of the public call (e.g. ``cu_seqlens``); a compiled kernel runs only when all
+    of them are None. Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the augmented layout.
     """
-    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad)
+    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)
     if not _resolve(backend, refusal, form in AUTO_FORMS):
         return None
     qf, kf = q.to(torch.float32), k.to(torch.float32)
@@ -119,6 +132,7 @@ def linear_attention(
 def step(
     backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
     beta: torch.Tensor | None, state: torch.Tensor, normalize: bool, eps: float, eps_mode: str, inplace: bool,
+    **extra: object,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """One decode token on a compiled backend, or None for the torch forms.
 
@@ -128,12 +142,14 @@ def step(
     if backend == "torch":
         return None
     # Decode is all overhead at batch 1: the common case (CPU, float32, no autograd) is decided in a few checks.
-    plain = (state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
+    plain = (all(x is None for x in extra.values())
+             and state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
+             and v.shape[1] == q.shape[1] and (g is None or g.dim() == 2 or rule == "gated")
              and not (q.requires_grad or k.requires_grad or v.requires_grad or state.requires_grad)
              and (g is None or not g.requires_grad) and (beta is None or not beta.requires_grad))
     if not (plain and _cpu_module is not None and "step" in AUTO_FORMS):
         grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
-        refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad)
+        refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)
         if not _resolve(backend, refusal, "step" in AUTO_FORMS):
             return None
     if not state.is_contiguous():
