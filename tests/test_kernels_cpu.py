@@ -180,3 +180,15 @@ def test_dispatch_refuses_what_the_kernel_does_not_know():
     grouped = dict(common, v=torch.randn(1, 9, 4, 7))  # HV = 2 H
     assert kernels.linear_attention("auto", **grouped) is None
     assert kernels.linear_attention("torch", **common) is None
+
+
+def test_step_half_precision_inputs_float32_state():
+    q, k, v, kw = make("gated", "channel", T=1, gates="range")
+    tok = {n: x[:, 0].to(torch.bfloat16) for n, x in kw.items() if isinstance(x, torch.Tensor)}
+    q, k, v = (x[:, 0].to(torch.bfloat16) for x in (q, k, v))
+    state = State(torch.rand(2, 3, 5, 7), torch.rand(2, 3, 5))
+    o, new = linattn.step(q, k, v, state, rule="gated", backend="cpu", **tok)
+    o_t, new_t = linattn.step(q, k, v, state, rule="gated", backend="torch", **tok)
+    assert o.dtype == torch.bfloat16 and new.S.dtype == torch.float32
+    assert rel_err(o, np64(o_t)) < 1e-2
+    assert rel_err(new.S, np64(new_t.S)) < 1e-5 and rel_err(new.z, np64(new_t.z)) < 1e-5
