@@ -41,6 +41,8 @@ import linattn
 from linattn import State
 from linattn.feature_maps import taylor2
 
+pytestmark = pytest.mark.usefixtures("torch_forms")  # these check the torch forms themselves
+
 RULES = ("accumulate", "gated", "delta", "gated_delta")
 NORMALIZED_RULES = ("accumulate", "gated")
 TOL = {torch.float64: 1e-10, torch.float32: 2e-3, torch.bfloat16: 2e-2}

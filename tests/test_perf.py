@@ -71,7 +71,8 @@ def test_select_patterns():
     cases = perf.build_cases(perf.QUICK, peers=(FAKE,))
     names = [c.name for c in perf.select(cases, ("fwd/",))]
     assert names and all(n.startswith("fwd/") for n in names)  # a substring; "fwdbwd/" does not contain "fwd/"
-    assert [c.name for c in perf.select(cases, ("decode/delta/*/B4",))] == ["decode/delta/linattn/B4"]
+    assert [c.name for c in perf.select(cases, ("decode/delta/*/B4",))] == ["decode/delta/linattn/B4",
+                                                                          "decode/delta/linattn.cpu/B4"]
     assert len(perf.select(cases, ())) == len(cases)
     with pytest.raises(ValueError, match="only: no case matches"):
         perf.select(cases, ("nothing/like/this",))
@@ -79,9 +80,9 @@ def test_select_patterns():
 
 def test_cases_run_shorter_sequences_first():
     cases = perf.build_cases(perf.FULL, peers=())
-    ts = [c.T for c in cases if c.group == "fwd" and c.variant == "delta" and c.B == 1]
+    ts = [c.T for c in cases if c.group == "fwd" and c.variant == "delta" and c.B == 1 and c.impl == "linattn"]
     assert ts == [2048, 8192, 32768]
-    assert [c.group for c in cases][:10] == ["decode"] * 10
+    assert [c.group for c in cases][:20] == ["decode"] * 20  # torch and compiled step for each variant
 
 
 def test_peak_bytes_is_a_running_maximum():
@@ -143,7 +144,9 @@ def test_run_document_is_valid_and_complete(doc):
     json.dumps(doc, allow_nan=False)
     assert {c["name"] for c in doc["cases"]} == {
         "fwd/accumulate/linattn/B1_T128", "fwd/accumulate/test.recurrent_as_peer/B1_T128",
-        "fwd/delta/linattn/B1_T128", "fwd/delta/test.missing/B1_T128", "decode/accumulate/linattn/B4"}
+        "fwd/delta/linattn/B1_T128", "fwd/delta/test.missing/B1_T128", "decode/accumulate/linattn/B4",
+        "fwd/accumulate/linattn.cpu/B1_T128", "fwd/delta/linattn.cpu/B1_T128"}
+    assert all(c["status"] == "ok" for c in doc["cases"] if c["impl"] == "linattn.cpu")
     assert doc["machine"]["matmul"]["gflops"] > 0 and doc["machine"]["copy"]["gbps"] > 0
 
 
@@ -209,7 +212,8 @@ def test_cli_writes_files_and_refuses_to_overwrite(tmp_path):
 def test_cli_only_and_list():
     listed = CliRunner().invoke(perf.command, ["--quick", "--list", "--only", "decode/*/B4,recurrent/delta/linattn"])
     assert listed.exit_code == 0
-    expected = [f"decode/{v}/linattn/B4" for v in pp.VARIANTS] + ["recurrent/delta/linattn/B1_T128"]
+    expected = [f"decode/{v}/{impl}/B4" for v in pp.VARIANTS for impl in ("linattn", "linattn.cpu")]
+    expected += ["recurrent/delta/linattn/B1_T128"]
     assert listed.output.split() == expected
     bad = CliRunner().invoke(perf.command, ["--quick", "--only", "no/such/case"])
     assert bad.exit_code == 2 and "--only" in bad.output and "no case matches" in bad.output

@@ -15,6 +15,8 @@ import linattn
 import linattn.api as api
 from linattn import State
 
+pytestmark = pytest.mark.usefixtures("torch_forms")  # these check the torch forms themselves
+
 RULES = ("accumulate", "gated", "delta", "gated_delta")
 
 

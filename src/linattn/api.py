@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from linattn import kernels
 from linattn.feature_maps import FeatureMap, check_features, feature_map_name, resolve_feature_map
 from linattn.state import State, is_joint, joint_view
 
@@ -372,6 +373,7 @@ def linear_attention(
     chunk_size: int = 64,
     state_dtype: torch.dtype | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State | None]:
     """Causal linear attention over a whole sequence; every ``form`` computes the same function.
 
@@ -407,6 +409,9 @@ def linear_attention(
             0 ... T nondecreasing, with ``B = 1``; sequence i is tokens ``cu_seqlens[i]:cu_seqlens[i+1]``. Nothing
             crosses a boundary; ``initial_state`` and the final state have N entries (a zero-length sequence passes
             its initial state through). See :mod:`linattn.packing`.
+        backend: ``"auto"`` (default: a compiled kernel where it covers the call and was measured faster, else
+            the torch form), ``"torch"`` (always the torch forms) or ``"cpu"`` (the fused numba token loop: forward
+            only, float32 state, CPU; anything else is a ``ValueError``). See :mod:`linattn.kernels`.
 
     A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
     error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in
@@ -419,10 +424,11 @@ def linear_attention(
         return packed_linear_attention(
             q, k, v, cu_seqlens, rule=rule, form=form, feature_map=feature_map, normalize=normalize, scale=scale,
             eps=eps, eps_mode=eps_mode, g=g, beta=beta, initial_state=initial_state,
-            output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
+            output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype, backend=backend,
         )
     mod = _rule_module(rule)
     _check_form(mod, rule, form)
+    kernels.check_backend(backend)
     _check_qkv(q, k, v, 4)
     _warn_layout(q)
     _check_scalars(eps, eps_mode, scale, chunk_size)
@@ -450,6 +456,10 @@ def linear_attention(
     # Without autograd, each slab writes its share of the output in place (the division is that write).
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
+    fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S, fmap=fmap,
+                                    scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode, grad=grad)
+    if fast is not None:
+        return fast[0], (_split(fast[1], normalize, rule, feature_map) if output_final_state else None)
     out = None if grad else torch.empty(B, T, H, Dv, dtype=v.dtype, device=v.device)
     pieces = []
 
@@ -523,6 +533,7 @@ def step(
     beta: torch.Tensor | None = None,
     state_dtype: torch.dtype | None = None,
     inplace: bool = False,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State]:
     """One-token decode: write token t into ``state``, then read it with the query.
 
@@ -532,8 +543,10 @@ def step(
     :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).
     ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
     one (no autograd through it); the state must then already be in the accumulation dtype.
+    ``backend`` as in :func:`linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
     """
     mod = _rule_module(rule)
+    kernels.check_backend(backend)
     _check_qkv(q, k, v, 3)
     _check_scalars(eps, eps_mode, scale)
     _check_flag("inplace", inplace)
@@ -559,12 +572,12 @@ def step(
                      d_in=q.shape[-1])
         if inplace:
             _check_inplace(state, normalize, dtype)
-    vv = v.to(dtype)
-    if normalize:
-        vv = _with_ones_column(vv)
-        S = _augmented(state, dtype)
-    else:
-        S = state.S.to(dtype)
+    S = _augmented(state, dtype) if normalize else state.S.to(dtype)
+    fast = kernels.step(backend, rule=rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
+                        eps=eps / scale if fold_scale else eps, eps_mode=eps_mode, inplace=inplace)
+    if fast is not None:
+        return fast[0], _split(fast[1], normalize, rule, feature_map, into=state if inplace else None)
+    vv = _with_ones_column(v.to(dtype)) if normalize else v.to(dtype)
     o, S = mod.step(
         qf,
         kf,

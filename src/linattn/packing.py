@@ -126,6 +126,7 @@ def packed_linear_attention(
     output_final_state: bool,
     chunk_size: int,
     state_dtype: torch.dtype | None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State | None]:
     """:func:`linattn.linear_attention` with ``cu_seqlens`` (same arguments; see the module docstring)."""
     mod = api._rule_module(rule)
@@ -160,7 +161,7 @@ def packed_linear_attention(
             part.pad(q, False), part.pad(k, False), part.pad(vv, True), rule=rule, form=form, feature_map=fmap,
             normalize=False, scale=scale, g=part.pad(g, True), beta=part.pad(beta, True),
             initial_state=State(S[part.active]),
-            output_final_state=True, chunk_size=chunk_size, state_dtype=dtype,
+            output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend,
         )
         S = S.index_copy(0, part.active, S_part.S.to(S.dtype))  # out of place: autograd keeps each segment's
         sources.append(part.src)

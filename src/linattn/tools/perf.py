@@ -36,6 +36,7 @@ from linattn.tools.profiling import BusyMeter, cpu_peak_bytes
 from linattn.tools.results import atomic_write, write_result
 
 SCHEMA = "linattn.perf/1"
+CPU_IMPL = "linattn.cpu"  # impl name of the compiled CPU kernels (backend="cpu"); "linattn" is the torch form
 CHUNK_FLOPS = 64  # the chunk length written into the fixed FLOP counts, whatever chunk size a kernel uses
 
 
@@ -144,12 +145,12 @@ def _seq_call(impl: Callable[[pp.Inputs], torch.Tensor], variant: str, B: int, T
     return setup
 
 
-def _decode_call(variant: str, B: int, H: int, D: int) -> Callable[[], Callable[[], object]]:
+def _decode_call(variant: str, B: int, H: int, D: int, backend: str = "torch") -> Callable[[], Callable[[], object]]:
     def setup() -> Callable[[], object]:
         full = pp.make_inputs(variant, B, 1, H, D)
         q, k, v = (x[:, 0] for x in (full.q, full.k, full.v))
         kw = dict(rule=pp.RULE_OF[variant], g=None if full.g is None else full.g[:, 0],
-                  beta=None if full.beta is None else full.beta[:, 0], eps=pp.EPS)
+                  beta=None if full.beta is None else full.beta[:, 0], eps=pp.EPS, backend=backend)
         state = [linattn.step(q, k, v, None, **kw)[1]]  # allocate the state once, then update it in place
 
         def call() -> None:
@@ -169,14 +170,17 @@ def build_cases(cfg: PerfConfig, peers: tuple[pp.Peer, ...] | None = None) -> li
     cases: list[Case] = []
     for B in cfg.decode_batches:
         for variant in pp.VARIANTS:
-            cases.append(Case(f"decode/{variant}/linattn/B{B}", "decode", variant, "linattn", B, None,
-                              _decode_call(variant, B, H, D), decode_flops(variant, B, H, D, D),
-                              bytes_moved=decode_bytes(variant, B, H, D, D)))
+            for impl, backend in (("linattn", "torch"), (CPU_IMPL, "cpu")):
+                cases.append(Case(f"decode/{variant}/{impl}/B{B}", "decode", variant, impl, B, None,
+                                  _decode_call(variant, B, H, D, backend), decode_flops(variant, B, H, D, D),
+                                  bytes_moved=decode_bytes(variant, B, H, D, D)))
 
     def sequence_cases(group: str, form: str, B: int, T: int, backward: bool) -> None:
         for variant in pp.VARIANTS:
             fl = rule_flops(variant, B, T, H, D, D, backward=backward)
             impls = [("linattn", pp.linattn_call(form), None)]
+            if not backward and form == "chunk":  # the compiled token loop (forward only), issue 12
+                impls.append((CPU_IMPL, pp.linattn_call(form, backend="cpu"), None))
             impls += [(p.name, _lazy(p), p) for p in peers if p.form == form and p.variant == variant]
             for impl, fn, peer in impls:
                 cases.append(Case(f"{group}/{variant}/{impl}/B{B}_T{T}", group, variant, impl, B, T,
@@ -311,7 +315,7 @@ def _run_case(case: Case, cfg: PerfConfig, history: dict, rates: dict, elapsed_s
 
 def _versions() -> dict[str, str | None]:
     out = {}
-    for dist in ("torch", "linattn", "flash-linear-attention", "fla-core", "transformers", "triton", "einops"):
+    for dist in ("torch", "linattn", "flash-linear-attention", "fla-core", "transformers", "triton", "einops", "numba"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

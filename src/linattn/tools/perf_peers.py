@@ -85,12 +85,14 @@ def make_inputs(variant: str, B: int, T: int, H: int, D: int, *, seed: int = 0, 
     return inp
 
 
-def linattn_call(form: str) -> Callable[[Inputs], torch.Tensor]:
-    """linattn's ``form`` for the variant of the inputs, with the benchmark's fixed settings."""
+def linattn_call(form: str, backend: str = "torch") -> Callable[[Inputs], torch.Tensor]:
+    """linattn's ``form`` for the variant of the inputs, with the benchmark's fixed settings. ``backend="torch"``
+    times the torch form itself ("auto" would pick the compiled kernel); ``"cpu"`` the compiled kernel."""
 
     def call(inp: Inputs) -> torch.Tensor:
         o, _ = linattn.linear_attention(
-            inp.q, inp.k, inp.v, rule=RULE_OF[inp.variant], form=form, g=inp.g, beta=inp.beta, eps=EPS
+            inp.q, inp.k, inp.v, rule=RULE_OF[inp.variant], form=form, g=inp.g, beta=inp.beta, eps=EPS,
+            backend=backend,
         )
         return o
 

@@ -131,6 +131,44 @@ def evaluate_targets(results: list[dict], rates: dict, cfg: PerfConfig, checks: 
     out.append(_target(f"decode_b{Bd}_copy_fraction",
                        f"decode step at batch {Bd} >= 30% of copy bandwidth for the bytes it must move (worst shown)",
                        0.30, None if missing or worst is None else fracs[worst], "fraction", detail))
+    return out + _cpu_kernel_targets(results, rates, cfg)
+
+
+CPU_IMPL = "linattn.cpu"
+
+
+def _ok(r: dict | None) -> bool:
+    return r is not None and r["status"] == "ok"
+
+
+def _cpu_kernel_targets(results: list[dict], rates: dict, cfg: PerfConfig) -> list[dict]:
+    """Issue 12's targets for the compiled CPU kernels (``impl == "linattn.cpu"``), judged on this run."""
+    B, T = cfg.target
+    out = []
+    for variant, other, thr in (("delta", "linattn", 3.0), ("gated_delta", "linattn", 3.0),
+                                ("delta", "fla.delta_rule_chunkwise", 4.0),
+                                ("gated_delta", "hf.torch_chunk_gated_delta_rule", 4.0)):
+        mine, theirs = _find(results, "fwd", variant, CPU_IMPL, B, T), _find(results, "fwd", variant, other, B, T)
+        value = theirs["median_ms"] / mine["median_ms"] if _ok(mine) and _ok(theirs) else None
+        detail = (f"{mine['median_ms']:.3g} ms vs {theirs['median_ms']:.3g} ms" if value is not None
+                  else f"{CPU_IMPL} {_why_missing(mine)}" if not _ok(mine) else f"{other} {_why_missing(theirs)}")
+        name = "torch chunk form" if other == "linattn" else other
+        out.append(_target(f"cpu_fwd_{variant}_vs_{other}", f"{variant} compiled forward >= {thr:g}x {name}", thr,
+                           value, "x", detail))
+    acc = _find(results, "fwd", "accumulate", CPU_IMPL, B, T)
+    out.append(_target("cpu_fwd_accumulate_matmul_fraction", "accumulate compiled forward >= 60% of the matmul rate",
+                       0.60, acc["frac_matmul"] if _ok(acc) else None, "fraction",
+                       (f"{acc['gflops']:.1f} of {rates['matmul']['gflops']:.1f} GFLOP/s" if _ok(acc)
+                        else f"{CPU_IMPL} {_why_missing(acc)}")))
+    for Bd, field, thr, desc, at_most in ((min(cfg.decode_batches), "median_ms", 0.010, "ms per step (<= 10 us)", True),
+                                          (max(cfg.decode_batches), "frac_copy", 0.80, "of copy bandwidth", False)):
+        vals = {v: r[field] for v in pp.VARIANTS if _ok(r := _find(results, "decode", v, CPU_IMPL, Bd))}
+        missing = [v for v in pp.VARIANTS if v not in vals]
+        worst = (max if at_most else min)(vals, key=vals.get) if vals else None
+        fmt = "{:.4f} ms" if at_most else "{:.0%}"
+        out.append(_target(f"cpu_decode_b{Bd}_{field}", f"compiled decode step at batch {Bd}: {desc} (worst shown)",
+                           thr, None if missing or worst is None else vals[worst], "ms" if at_most else "fraction",
+                           _detail((f"{v} {fmt.format(x)}" for v, x in vals.items()), missing), at_most=at_most))
     return out
 
 
@@ -174,8 +212,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     ]
     for t in doc["targets"]:
         val = t["value"]
-        shown = "" if val is None else (f"{val:.0%}" if t["unit"] == "fraction" else f"{val:.2f}x")
-        thr = f"{t['threshold']:.0%}" if t["unit"] == "fraction" else f"{t['threshold']:g}x"
+        unit = {"fraction": "{:.0%}", "ms": "{:.4f} ms"}.get(t["unit"], "{:.2f}x")
+        shown = "" if val is None else unit.format(val)
+        thr = unit.replace(".4f", "g").replace(".2f", "g").format(t["threshold"])
         lines.append(f"| {t['description']} | {t['comparison']} {thr} | {shown} | **{t['status']}** | {t['detail']} |")
     if doc["crosscheck"]:
         lines += ["", "## Cross-check: each peer vs linattn on the same inputs", "",
@@ -192,13 +231,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
             continue
         lines += ["", f"## {titles[group]}", ""]
         if group == "decode":
-            lines += ["| variant | B | us/step | tokens/s | GB/s moved | % copy bw | peak MiB |",
-                      "|---|---|---|---|---|---|---|"]
+            lines += ["| variant | impl | B | us/step | tokens/s | GB/s moved | % copy bw | peak MiB |",
+                      "|---|---|---|---|---|---|---|---|"]
             for r in rows:
+                head = f"| {r['variant']} | {r['impl']} | {r['shape']['B']} |"
                 if r["status"] != "ok":
-                    lines.append(f"| {r['variant']} | {r['shape']['B']} | {r['status']}: {r['reason']} | | | | |")
+                    lines.append(f"{head} {r['status']}: {r['reason']} | | | | |")
                     continue
-                lines.append(f"| {r['variant']} | {r['shape']['B']} | {r['median_ms'] * 1e3:.1f} | "
+                lines.append(f"{head} {r['median_ms'] * 1e3:.1f} | "
                              f"{r['tokens_per_s']:.3g} | {r['gbps']:.2f} | {r['frac_copy']:.0%} | "
                              f"{_mib(r['peak_mem_bytes'])} |")
             continue
@@ -214,5 +254,6 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"{head} {r['median_ms']:.3g} | {r['tokens_per_s']:.3g} | {r['gflops']:.1f} | "
                          f"{r['frac_matmul']:.0%} | {_mib(r['peak_mem_bytes'])} | {sp_text} |")
     lines += ["", "linattn speedup = that row's time / linattn's time for the same variant and shape (softmax rows: "
-              "vs linattn accumulate). FLOP and byte counts: docs/perf.md."]
+              "vs linattn accumulate). linattn is the torch form (backend='torch'), linattn.cpu the compiled kernel "
+              "(backend='cpu', forward and decode only). FLOP and byte counts: docs/perf.md."]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,169 @@
+"""Compiled backends behind :func:`linattn.linear_attention` and :func:`linattn.step`, chosen by one dispatch.
+
+``backend="torch"`` always runs the readable torch forms in :mod:`linattn.ops`. ``backend="cpu"`` runs the fused
+numba token loop (:mod:`linattn.kernels.cpu_numba`) and raises a ``ValueError`` for inputs it does not cover.
+``backend="auto"`` (the default) takes a compiled kernel only where one covers the call and was measured faster
+(docs/perf.md), and the torch form otherwise. More backends (e.g. Triton on CUDA) register in ``_BACKENDS``.
+
+The compiled kernels compute forward only, from a float32 state, on CPU tensors: a call that needs autograd,
+another state dtype, a device other than the CPU, or more than the rule's plain inputs runs the torch form. If
+numba is missing or fails to load, "cpu" and "auto" run the torch form after one warning.
+
+Each entry point returns ``None`` when the torch form should run, so the caller keeps its own path unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+
+import torch
+
+BACKENDS = ("auto", "torch", "cpu")
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
+# "auto" uses the compiled kernels for these forms ("step" is decode); the others (parallel, scan) are asked for
+# by name to study them, so they keep their torch form. Tests of the torch forms empty this tuple.
+AUTO_FORMS = ("chunk", "recurrent", "step")
+
+
+def check_backend(backend: object) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+    return backend
+
+
+_cpu_module = None
+_cpu_failed: str | None = None
+
+
+def _load_cpu():
+    """The numba module, or None (after one warning per process) when it cannot be imported."""
+    global _cpu_module, _cpu_failed
+    if _cpu_module is None and _cpu_failed is None:
+        try:
+            cpu_numba = importlib.import_module("linattn.kernels.cpu_numba")
+        except Exception as exc:  # ImportError, or a numba/llvmlite that fails to initialize
+            _cpu_failed = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"linattn: compiled CPU kernels unavailable ({_cpu_failed}); using the torch forms",
+                          RuntimeWarning, stacklevel=4)
+        else:
+            _cpu_module = cpu_numba
+    return _cpu_module
+
+
+def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
+    """Why the CPU kernel cannot take this call, or None when it can. ``tensors`` is (q, k, v, g, beta).
+
+    Inputs the kernel does not know (e.g. packed sequences, passed through ``extra``), grouped value heads and
+    per-channel gates on the delta rules go to the torch forms.
+    """
+    q, _, v, g, _ = tensors
+    unknown = [name for name, x in (extra or {}).items() if x is not None]
+    if unknown:
+        return f"it does not take {', '.join(unknown)}"
+    if v.shape[-2] != q.shape[-2]:
+        return "it needs as many value heads as query heads"
+    if g is not None and rule in ("delta", "gated_delta") and g.dim() == q.dim():
+        return "its delta rules take one gate per head"
+    if grad:
+        return "it has no backward (inputs require grad)"
+    if state.device.type != "cpu" or any(t is not None and t.device.type != "cpu" for t in tensors):
+        return "it runs on CPU tensors only"
+    if state.dtype != torch.float32:
+        return f"it keeps a float32 state, got state dtype {state.dtype}"
+    if any(t is not None and t.dtype not in INPUT_DTYPES for t in tensors):
+        return f"it takes {[str(d) for d in INPUT_DTYPES]} inputs"
+    return None
+
+
+def _resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
+    """True when the compiled kernel should run. A forced "cpu" that cannot take the call is an error."""
+    if backend == "torch":
+        return False
+    if backend == "cpu" and refusal is not None:
+        raise ValueError(f"backend='cpu' cannot run this call: {refusal}; use backend='auto' or 'torch'")
+    if backend == "auto" and (refusal is not None or not form_ok):
+        return False
+    return _load_cpu() is not None
+
+
+def _f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
+    """float32, contiguous NumPy view (a copy only when the dtype or the layout differs), reshaped, or None.
+
+    Written for decode, where each torch call costs about a microsecond: NumPy reshapes cost a tenth of that.
+    """
+    if x is None:
+        return None
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    a = (x.detach() if x.requires_grad else x).numpy()
+    return a if shape is None else a.reshape(shape)
+
+
+def linear_attention(
+    backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, fmap: Callable | None,
+    scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool, **extra: object,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Whole sequence on a compiled backend, or None for the torch forms.
+
+    Inputs as validated by :func:`linattn.linear_attention` (public layout ``[B, T, H, D]``, before the feature
+    map); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the normalizer as last column), not modified.
+    ``extra``: any further argument of the public call (e.g. ``cu_seqlens``); a compiled kernel runs only when all
+    of them are None. Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the augmented layout.
+    """
+    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)
+    if not _resolve(backend, refusal, form in AUTO_FORMS):
+        return None
+    qf, kf = q.to(torch.float32), k.to(torch.float32)
+    if fmap is not None:
+        qf, kf = fmap(qf), fmap(kf)
+    scale = qf.shape[-1] ** -0.5 if scale is None else float(scale)
+    if g is not None and g.dim() == 3:
+        g = g.unsqueeze(-1)  # one gate per head: [B, T, H, 1]
+    ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
+    o = torch.empty(v.shape, dtype=torch.float32)
+    _cpu_module.run(_f32(qf), _f32(kf), _f32(v), _f32(g), _f32(beta), ST.numpy(), o.numpy(), scale=scale,
+                    eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize, transposed=True)
+    return o.to(v.dtype), ST.transpose(-1, -2).contiguous()
+
+
+def step(
+    backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+    beta: torch.Tensor | None, state: torch.Tensor, normalize: bool, eps: float, eps_mode: str, inplace: bool,
+    **extra: object,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One decode token on a compiled backend, or None for the torch forms.
+
+    ``q`` (already scaled), ``k`` features in the state's dtype ``[B, H, Dk]``, ``v [B, H, Dv]``; ``state``
+    ``[B, H, Dk, Dv(+1)]``, updated in place when ``inplace`` (else copied first). Returns (o in v.dtype, state).
+    """
+    if backend == "torch":
+        return None
+    # Decode is all overhead at batch 1: the common case (CPU, float32, no autograd) is decided in a few checks.
+    plain = (all(x is None for x in extra.values())
+             and state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
+             and v.shape[1] == q.shape[1] and (g is None or g.dim() == 2 or rule == "gated")
+             and not (q.requires_grad or k.requires_grad or v.requires_grad or state.requires_grad)
+             and (g is None or not g.requires_grad) and (beta is None or not beta.requires_grad))
+    if not (plain and _cpu_module is not None and "step" in AUTO_FORMS):
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
+        refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)
+        if not _resolve(backend, refusal, "step" in AUTO_FORMS):
+            return None
+    if not state.is_contiguous():
+        if inplace:
+            return None  # the torch form updates a strided state where it lies
+        state = state.contiguous()
+    if not inplace:
+        state = state.detach().clone()
+    B, H, Dk = q.shape
+    Dv = v.shape[-1]
+    o = torch.empty(B, H, Dv, dtype=torch.float32)
+    # One token is a sequence of length 1: [B, H, ...] -> [B, 1, H, ...] views.
+    _cpu_module.run(_f32(q, (B, 1, H, Dk)), _f32(k, (B, 1, H, Dk)), _f32(v, (B, 1, H, Dv)),
+                    _f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), _f32(beta, (B, 1, H)),
+                    state.detach().numpy(), o.numpy().reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
+                    clamp=eps_mode == "clamp", normalize=normalize)
+    return o.to(v.dtype), state
