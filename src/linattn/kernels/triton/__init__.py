@@ -1,0 +1,128 @@
+"""Triton kernels for CUDA behind the kernel contract of :mod:`linattn.ops` (see its docstring).
+
+* ``chunk_kernel(rule)``: the chunk forward in one Triton kernel per rule (accumulate and gated per head or per
+  key channel in ``_chunk.py``, delta and gated delta in the WY/UT form in ``_delta.py``), state carried in
+  float32 (float64 for float64 inputs), any T, Dk != Dv, half-precision operands with float32 accumulation.
+* ``step_kernel(rule)``: the fused one-token decode (``_step.py``): decay, write and read in one kernel, in place.
+
+Gradients: no Triton backward kernel yet. The chunk forward is wrapped in an autograd Function whose backward
+recomputes the forward with the torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and
+differentiates that: the gradients are exact (those of the same function, to rounding), at the cost of a second
+forward in torch ops. A decode step that needs gradients (not in place, an input requiring grad) runs the torch
+step itself.
+
+Running on CPU tensors: only under Triton's interpreter, i.e. with ``TRITON_INTERPRET=1`` in the environment when
+these kernels are first loaded (Triton decides at decoration time). ``unavailable_reason`` says why the kernels
+cannot take given tensors; importing this package does not import triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+
+import torch
+
+__all__ = ["chunk_kernel", "step_kernel", "unavailable_reason", "interpreted", "SUPPORTED_DTYPES"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MODULES = ("_common", "_chunk", "_delta", "_step")
+
+
+def _load() -> dict[str, ModuleType]:
+    return {name: importlib.import_module(f"{__name__}.{name}") for name in _MODULES}
+
+
+def interpreted() -> bool:
+    """Whether the kernels run under Triton's interpreter (loaded with TRITON_INTERPRET=1): then on CPU tensors."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_load()["_step"]._step_kernel, InterpretedFunction)
+
+
+def unavailable_reason(device: torch.device, dtype: torch.dtype, key_dim: int) -> str | None:
+    """Why the Triton kernels cannot run on tensors of this device, dtype and feature width; None if they can."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton, on a CUDA machine)"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"the Triton kernels take float16/bfloat16/float32/float64 tensors, got {dtype}"
+    from linattn.kernels.triton._common import MAX_DK
+
+    if key_dim > MAX_DK:
+        return f"the Triton kernels hold the whole key width in one block: feature width {key_dim} > {MAX_DK}"
+    if device.type == "cuda":
+        return None
+    if interpreted():
+        return None
+    hint = "" if os.environ.get("TRITON_INTERPRET") == "1" else ", or TRITON_INTERPRET=1 before they are first loaded"
+    return f"the Triton kernels need CUDA tensors, got {device}{hint}"
+
+
+def _torch_rule(rule: str) -> ModuleType:
+    return importlib.import_module(f"linattn.ops.{rule}")
+
+
+class _TritonChunk(torch.autograd.Function):
+    """Forward: the Triton chunk kernel. Backward: recompute with the torch chunk form and differentiate it."""
+
+    @staticmethod
+    def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
+        ctx.rule, ctx.chunk_size, ctx.scale = rule, chunk_size, scale
+        ctx.save_for_backward(q, k, v, g, beta, s0)
+        kernels = _load()
+        if rule in ("delta", "gated_delta"):
+            fn = kernels["_delta"].chunk_delta
+        else:
+            fn = kernels["_chunk"].chunk_linear
+        return fn(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size, scale=scale)
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_S):
+        saved = ctx.saved_tensors
+        need = ctx.needs_input_grad[3:]
+        with torch.enable_grad():
+            leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
+            q, k, v, g, beta, s0 = leaves
+            if s0 is None:
+                s0 = q.new_zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+            o, S = _torch_rule(ctx.rule).FORMS["chunk"](
+                q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=ctx.chunk_size, scale=ctx.scale
+            )
+            outs = [(o, grad_o), (S, grad_S)]
+            outs = [(x, gx.to(x.dtype)) for x, gx in outs if gx is not None]
+            wrt = [x for x in leaves if x is not None and x.requires_grad]
+            got = iter(torch.autograd.grad([x for x, _ in outs], wrt, [gx for _, gx in outs], allow_unused=True))
+        grads = [next(got) if x is not None and x.requires_grad else None for x in leaves]
+        return (None, None, None, *grads)
+
+
+def chunk_kernel(rule: str):
+    """The Triton chunk forward of ``rule`` with the ``linattn.ops`` kernel contract (gradients as described above)."""
+
+    def chunk(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=64, scale=1.0):
+        return _TritonChunk.apply(rule, chunk_size, scale, q, k, v, g, beta, initial_state)
+
+    chunk.__doc__ = f"Triton chunk forward of rule {rule!r} (linattn.ops kernel contract)."
+    return chunk
+
+
+def step_kernel(rule: str):
+    """The fused Triton decode step of ``rule`` with the ``linattn.ops`` step contract.
+
+    With autograd in play (not in place, and an input requiring grad) it runs the torch step instead: the
+    Triton kernel writes the state in place and records no graph.
+    """
+    delta = rule in ("delta", "gated_delta")
+
+    def step(q, k, v, *, g=None, beta=None, state, inplace=False):
+        tracked = (q, k, v, g, beta, state)
+        if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tracked):
+            if inplace:
+                raise ValueError("inplace=True: the in-place decode step records no gradient; pass inplace=False")
+            return _torch_rule(rule).step(q, k, v, g=g, beta=beta, state=state, inplace=False)
+        return _load()["_step"].step(q, k, v, g=g, beta=beta, state=state, inplace=inplace, delta=delta)
+
+    step.__doc__ = f"Triton decode step of rule {rule!r} (linattn.ops step contract)."
+    return step
