@@ -89,8 +89,12 @@ def _chunk_linear_fwd(
             g = tl.maximum(g, FLOOR)
             G = tl.cumsum(g, axis=0)  # [BT, BK]
             G_last = tl.sum(g, axis=0)  # [BK]
-            diff = G[:, None, :] - G[None, :, :]  # [BT, BT, BK]
-            decay = tl.exp(tl.where(causal[:, :, None], diff, float("-inf")).to(ACC))
+            # G_i - G_j from float64 G without a float64 [BT, BT, BK] tensor: G = hi + lo in two floats. hi_i - hi_j
+            # is exact when the two are close (Sterbenz) and rounds like the true difference when they are not.
+            G_hi = G.to(ACC)
+            G_lo = (G - G_hi.to(tl.float64)).to(ACC)
+            diff = (G_hi[:, None, :] - G_hi[None, :, :]) + (G_lo[:, None, :] - G_lo[None, :, :])  # [BT, BT, BK]
+            decay = tl.exp(tl.where(causal[:, :, None], diff, float("-inf")))
             A = tl.sum(q.to(ACC)[:, None, :] * k.to(ACC)[None, :, :] * decay, axis=2)
             q_in = (q.to(ACC) * tl.exp(G.to(ACC))).to(DT)
             k_out = (k.to(ACC) * tl.exp((G_last[None, :] - G).to(ACC))).to(DT)
