@@ -260,3 +260,38 @@ def test_unavailable_reasons(tk):
     assert tk.unavailable_reason(torch.device(DEVICE), torch.float32, 64) is None
     assert "feature width 4161" in tk.unavailable_reason(torch.device(DEVICE), torch.float32, 4161)
     assert "int32" in tk.unavailable_reason(torch.device(DEVICE), torch.int32, 64)
+
+
+# ------------------------------------------------------------------------------------------- whole calls
+@pytest.mark.parametrize("eps_mode", ["add", "clamp"])
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_whole_call_with_feature_map_and_normalizer(tk, rule, kind, eps_mode):
+    """The dispatch entry point: public layout, a feature map, the normalizer column and eps, an initial state,
+    then decode steps continuing from its final state, all against the reference on the whole sequence."""
+    from linattn.feature_maps import resolve_feature_map
+
+    normalize = rule in ("accumulate", "gated")
+    x = make(rule, kind, T=21, Dv=6, dtype=torch.float32)
+    dev = {n: None if x[n] is None else x[n].float().to(DEVICE) for n in ("q", "k", "v", "g", "beta")}
+    z0 = torch.rand(2, 3, 5, dtype=torch.float64) + 0.5
+    S_aug = torch.cat([x["S0"], z0[..., None]], -1) if normalize else x["S0"]
+    fmap_name = "elu1" if normalize else None
+    fmap = resolve_feature_map(fmap_name)
+    T0 = 17  # prefill 17 tokens in one call, then 4 decode steps
+    pre = {n: None if t is None else t[:, :T0] for n, t in dev.items()}
+    o, S = tk.linear_attention(rule=rule, **pre, state=S_aug.float().to(DEVICE), fmap=fmap, scale=None,
+                               normalize=normalize, eps=1e-3, eps_mode=eps_mode)
+    outs = [o]
+    for t in range(T0, 21):
+        qf, kf = (dev[n][:, t] if fmap is None else fmap(dev[n][:, t]) for n in ("q", "k"))
+        o_t, S = tk.step(rule=rule, q=qf * 5 ** -0.5, k=kf, v=dev["v"][:, t], g=None if dev["g"] is None else
+                         dev["g"][:, t], beta=None if dev["beta"] is None else dev["beta"][:, t], state=S,
+                         normalize=normalize, eps=1e-3, eps_mode=eps_mode, inplace=True)
+        outs.append(o_t[:, None])
+    o_ref, S_ref, z_ref = reference.linear_attention(
+        np64(x["q"]), np64(x["k"]), np64(x["v"]), rule=rule, feature_map=fmap_name, g=np64(x["g"]),
+        beta=np64(x["beta"]), initial_S=np64(x["S0"]), initial_z=np64(z0) if normalize else None, eps=1e-3,
+        eps_mode=eps_mode,
+    )
+    assert rel_err(torch.cat(outs, 1), o_ref) <= 1e-4
+    assert rel_err(S[..., :6], S_ref) <= 1e-4 and (not normalize or rel_err(S[..., 6], z_ref) <= 1e-4)

@@ -4,6 +4,8 @@
   key channel in ``_chunk.py``, delta and gated delta in the WY/UT form in ``_delta.py``), state carried in
   float32 (float64 for float64 inputs), any T, Dk != Dv, half-precision operands with float32 accumulation.
 * ``step_kernel(rule)``: the fused one-token decode (``_step.py``): decay, write and read in one kernel, in place.
+* ``linear_attention(...)`` / ``step(...)``: whole calls for the backend dispatch in :mod:`linattn.kernels` (inputs
+  as :func:`linattn.linear_attention` validated them; feature map, normalizer column and epsilon handled here).
 
 Gradients: no Triton backward kernel yet. The chunk forward is wrapped in an autograd Function whose backward
 recomputes the forward with the torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and
@@ -25,7 +27,9 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["chunk_kernel", "step_kernel", "unavailable_reason", "interpreted", "SUPPORTED_DTYPES"]
+__all__ = [
+    "chunk_kernel", "step_kernel", "unavailable_reason", "interpreted", "linear_attention", "step", "SUPPORTED_DTYPES",
+]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MODULES = ("_common", "_chunk", "_delta", "_step")
@@ -126,3 +130,67 @@ def step_kernel(rule: str):
 
     step.__doc__ = f"Triton decode step of rule {rule!r} (linattn.ops step contract)."
     return step
+
+
+# ------------------------------------------------------------------------------------------- dispatch entry points
+def refusal(q: torch.Tensor, state: torch.Tensor, key_dim: int) -> str | None:
+    """Why this backend cannot take a call with these inputs and this (augmented) state; None if it can."""
+    reason = unavailable_reason(q.device, q.dtype, key_dim)
+    if reason is not None:
+        return reason
+    want = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if state.dtype != want:
+        return f"it carries the state in {want} for {q.dtype} inputs, got state dtype {state.dtype}"
+    return None
+
+
+def _read(num_den: torch.Tensor, eps: float, eps_mode: str) -> torch.Tensor:
+    """num / den, the last column holding den: the library's one epsilon convention (linattn.api._read)."""
+    num, den = num_den[..., :-1], num_den[..., -1:]
+    den = (den + eps if eps else den) if eps_mode == "add" else den.clamp_min(eps)
+    return num / den
+
+
+def linear_attention(
+    *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+    beta: torch.Tensor | None, state: torch.Tensor, fmap, scale: float | None, normalize: bool, eps: float,
+    eps_mode: str, chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A whole sequence through the Triton chunk kernel of ``rule`` (any form asked for: they are one function).
+
+    Inputs in the public layout ``[B, T, H, D]`` as validated by :func:`linattn.linear_attention`, before the
+    feature map; ``state`` the starting ``[B, H, Dk, Dv(+1)]`` state (normalizer as the last column), not modified.
+    Without a feature map q and k enter the kernel in their own dtype (bfloat16 products on the tensor cores,
+    accumulated in float32); with one, the features are computed and kept in the state's dtype, as the torch path
+    does. Returns ``o [B, T, H, Dv]`` (contiguous, ``v.dtype``) and the final state in the augmented layout.
+    Gradients flow (see the module docstring).
+    """
+    acc = state.dtype
+    if fmap is not None:
+        q, k = fmap(q.to(acc)), fmap(k.to(acc))
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    vv = torch.cat([v.to(q.dtype), torch.ones_like(v[..., :1], dtype=q.dtype)], dim=-1) if normalize else v.to(q.dtype)
+
+    def hf(x):
+        return None if x is None else x.transpose(1, 2)
+
+    o, S = chunk_kernel(rule)(hf(q), hf(k), hf(vv), g=hf(g), beta=hf(beta), initial_state=state,
+                              chunk_size=chunk_size, scale=scale)
+    o = o.transpose(1, 2)
+    if normalize:
+        o = _read(o.to(acc), eps, eps_mode)
+    return o.to(v.dtype).contiguous(), S
+
+
+def step(
+    *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+    beta: torch.Tensor | None, state: torch.Tensor, normalize: bool, eps: float, eps_mode: str, inplace: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode token through the fused Triton step: ``q`` (already scaled), ``k`` features ``[B, H, Dk]``,
+    ``v [B, H, Dv]``; ``state [B, H, Dk, Dv(+1)]`` (any strides, unit along the last), updated in place when
+    ``inplace``. Returns (o ``[B, H, Dv]`` in ``v.dtype``, state)."""
+    vv = torch.cat([v.to(state.dtype), torch.ones_like(v[..., :1], dtype=state.dtype)], dim=-1) if normalize else v
+    o, S = step_kernel(rule)(q, k, vv, g=g, beta=beta, state=state, inplace=inplace)
+    if normalize:
+        o = _read(o, eps, eps_mode)
+    return o.to(v.dtype), S
