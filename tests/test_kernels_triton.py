@@ -177,6 +177,37 @@ def test_chunk_gradients_match_token_loop(tk, rule, kind):
         assert rel_err(a, np64(b)) <= 1e-10, name
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_chunk_gradients_through_resets(tk, rule, kind, dtype):
+    """Gates -inf and -1e30 inside chunks (and gates near 0): finite gradients equal to the torch chunk form's
+    (itself tested against the token loop through resets in test_extreme_gates.py); 0 for a floored gate."""
+    import importlib
+
+    x = make(rule, kind, T=29, gates="resets" if kind else "wide", dtype=dtype)
+    names = ("q", "k", "v", "g", "beta", "S0")
+
+    def leaves():
+        return [None if x[n] is None else (x[n] if n == "S0" else x[n].transpose(1, 2)).to(dtype).to(DEVICE)
+                .contiguous().requires_grad_() for n in names]
+
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(2, 3, 29, 7, generator=gen).to(dtype).to(DEVICE),
+         torch.randn(2, 3, 5, 7, generator=gen).to(DEVICE))
+    torch_chunk = importlib.import_module(f"linattn.ops.{rule}").FORMS["chunk"]
+    got = grads_of(lambda q, k, v, g, b, S0: tk.chunk_kernel(rule)(q, k, v, g=g, beta=b, initial_state=S0,
+                                                                   chunk_size=16, scale=0.7), leaves(), w)
+    want = grads_of(lambda q, k, v, g, b, S0: torch_chunk(q, k, v, g=g, beta=b, initial_state=S0, chunk_size=16,
+                                                          scale=0.7), leaves(), w)
+    present = [n for n in names if x[n] is not None]
+    for name, a, b in zip(present, got, want, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, np64(b)) <= (1e-10 if dtype == torch.float64 else 1e-4), name
+    if kind:
+        g_grad = got[present.index("g")]
+        assert (g_grad[:, :, 7] == 0).all() and (g_grad[:, :, 21] == 0).all()
+
+
 def test_chunk_gradient_without_initial_state_and_partial_outputs(tk):
     """Only o used, no initial state, only v requires grad: the backward returns what autograd asks for."""
     x = make("delta", None, T=17, initial=False)

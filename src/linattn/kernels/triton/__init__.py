@@ -7,11 +7,12 @@
 * ``linear_attention(...)`` / ``step(...)``: whole calls for the backend dispatch in :mod:`linattn.kernels` (inputs
   as :func:`linattn.linear_attention` validated them; feature map, normalizer column and epsilon handled here).
 
-Gradients: no Triton backward kernel yet. The chunk forward is wrapped in an autograd Function whose backward
-recomputes the forward with the torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and
-differentiates that: the gradients are exact (those of the same function, to rounding), at the cost of a second
-forward in torch ops. A decode step that needs gradients (not in place, an input requiring grad) runs the torch
-step itself.
+Gradients: for accumulate and per-head gates the backward is three more runs of the Triton chunk forward kernel
+(``_backward.py``: dq as a forward pass, dk and dv as forward passes in reversed time, dg from them). For per-key-
+channel gates and the delta rules there is no Triton backward yet: the backward recomputes the forward with the
+torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and differentiates that; the gradients are exact
+(those of the same function, to rounding), at the cost of a torch forward and backward. A decode step that needs
+gradients (not in place, an input requiring grad) runs the torch step itself.
 
 Running on CPU tensors: only under Triton's interpreter, i.e. with ``TRITON_INTERPRET=1`` in the environment when
 these kernels are first loaded (Triton decides at decoration time). ``unavailable_reason`` says why the kernels
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_MODULES = ("_common", "_chunk", "_delta", "_step")
+_MODULES = ("_common", "_chunk", "_delta", "_step", "_backward")
 
 
 def _load() -> dict[str, ModuleType]:
@@ -69,23 +70,33 @@ def _torch_rule(rule: str) -> ModuleType:
 
 
 class _TritonChunk(torch.autograd.Function):
-    """Forward: the Triton chunk kernel. Backward: recompute with the torch chunk form and differentiate it."""
+    """Forward: the Triton chunk kernel. Backward: Triton for accumulate and per-head gates (``_backward``), else
+    recompute with the torch chunk form and differentiate it."""
 
     @staticmethod
     def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
         ctx.rule, ctx.chunk_size, ctx.scale = rule, chunk_size, scale
-        ctx.save_for_backward(q, k, v, g, beta, s0)
         kernels = _load()
         if rule in ("delta", "gated_delta"):
             fn = kernels["_delta"].chunk_delta
         else:
             fn = kernels["_chunk"].chunk_linear
-        return fn(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size, scale=scale)
+        o, S = fn(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size, scale=scale)
+        ctx.save_for_backward(q, k, v, g, beta, s0, S)
+        return o, S
 
     @staticmethod
     def backward(ctx, grad_o, grad_S):
-        saved = ctx.saved_tensors
+        *saved, S_final = ctx.saved_tensors
         need = ctx.needs_input_grad[3:]
+        q, g = saved[0], saved[3]
+        # The Triton backward runs the forward kernel with the values as keys: the value width must fit a block.
+        v_fits = saved[2].shape[-1] <= _load()["_common"].MAX_DK
+        if ctx.rule in ("accumulate", "gated") and (g is None or g.dim() == q.dim() - 1) and v_fits:
+            grads = _load()["_backward"].chunk_linear_backward(
+                *saved[:4], saved[5], S_final, grad_o, grad_S, chunk_size=ctx.chunk_size, scale=ctx.scale
+            )
+            return (None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
             q, k, v, g, beta, s0 = leaves
