@@ -12,6 +12,7 @@ Every exponent is <= 0 (the causal mask is applied before the exp), so nothing o
 Per key channel the decayed scores are not one matmul: the chunk is then 16 tokens and the exact [BT, BT, Dk]
 decay is formed in registers. Matmul operands are in the input dtype (bfloat16/float16 use the tensor cores),
 every product accumulates in float32 or wider, float32 operands are multiplied in IEEE float32 (no TF32).
+Launch: 4 warps, 8 for a key block of 128 or more (a guess, not yet tuned on a GPU).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _chunk_linear_fwd(
     T, H, DK, DV, scale,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t,
     s0_b, s0_h, s0_k, so_b, so_h, so_t, sT_b, sT_h, sT_k,
-    GATE: tl.constexpr, HAS_S0: tl.constexpr, FLOOR: tl.constexpr, DT: tl.constexpr,
+    GATE: tl.constexpr, HAS_S0: tl.constexpr, FLOOR: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -68,7 +69,7 @@ def _chunk_linear_fwd(
         k = tl.load(k_base + t[:, None] * sk_t + rk[None, :], mask=m_tk, other=0.0).to(DT)
         v = tl.load(v_base + t[:, None] * sv_t + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(DT)
         if GATE == 0:
-            A = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=ACC)
+            A = tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC)
             A = tl.where(causal, A, 0.0)
             q_in = q
             k_out = k
@@ -80,7 +81,7 @@ def _chunk_linear_fwd(
             G = tl.cumsum(g, axis=0)
             G_last = tl.sum(g, axis=0)
             decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")).to(ACC))
-            A = tl.dot(q, tl.trans(k), input_precision="ieee", out_dtype=ACC) * decay
+            A = tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC) * decay
             q_in = (q.to(ACC) * tl.exp(G.to(ACC))[:, None]).to(DT)
             k_out = (k.to(ACC) * tl.exp((G_last - G).to(ACC))[:, None]).to(DT)
             S_next = S * tl.exp(G_last.to(ACC))
@@ -99,11 +100,11 @@ def _chunk_linear_fwd(
             q_in = (q.to(ACC) * tl.exp(G.to(ACC))).to(DT)
             k_out = (k.to(ACC) * tl.exp((G_last[None, :] - G).to(ACC))).to(DT)
             S_next = S * tl.exp(G_last.to(ACC))[:, None]
-        o = tl.dot(q_in, S.to(DT), input_precision="ieee", out_dtype=ACC)
-        o += tl.dot(A.to(DT), v, input_precision="ieee", out_dtype=ACC)
+        o = tl.dot(q_in, S.to(DT), input_precision=PREC, out_dtype=ACC)
+        o += tl.dot(A.to(DT), v, input_precision=PREC, out_dtype=ACC)
         tl.store(o_base + t[:, None] * so_t + rv[None, :], (o * scale).to(o_ptr.dtype.element_ty),
                  mask=mt[:, None] & mv[None, :])
-        S = S_next + tl.dot(tl.trans(k_out), v, input_precision="ieee", out_dtype=ACC)
+        S = S_next + tl.dot(tl.trans(k_out), v, input_precision=PREC, out_dtype=ACC)
     tl.store(sT_ptr + i_b * sT_b + i_h * sT_h + rk[:, None] * sT_k + rv[None, :], S, mask=mk[:, None] & mv[None, :])
 
 
@@ -145,6 +146,8 @@ def chunk_linear(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=6
     o = torch.empty(B, H, T, Dv, dtype=dt, device=q.device)
     S = torch.empty(B, H, Dk, Dv, dtype=acc, device=q.device)
     BT = 16 if gate == GATE_CHANNEL else block_t(chunk_size)
+    # IEEE products for float32 operands (no TF32); for half operands the precision flag means nothing.
+    dot_t = dot_dtype(dt, _chunk_linear_fwd)
     BK, BV = block_k(Dk), block_v(Dv)
     s0 = initial_state if initial_state is not None else S
     g_ = g if g is not None else q
@@ -154,6 +157,7 @@ def chunk_linear(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=6
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g_strides,
         *unit_last(s0).stride()[:3], *o.stride()[:3], *S.stride()[:3],
         GATE=gate, HAS_S0=initial_state is not None, FLOOR=LOG_GATE_FLOOR,
-        DT=dot_dtype(dt, _chunk_linear_fwd), BT=BT, BK=BK, BV=BV,
+        DT=dot_t, PREC="ieee" if dot_t in (tl.float32, tl.float64) else "tf32", BT=BT, BK=BK, BV=BV,
+        num_warps=8 if BK >= 128 else 4,
     )
     return o, S

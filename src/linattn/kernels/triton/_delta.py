@@ -123,5 +123,6 @@ def chunk_delta(q, k, v, *, g=None, beta, initial_state=None, chunk_size=64, sca
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *g_.stride()[:3], *beta.stride()[:3],
         *s0.stride()[:3], *o.stride()[:3], *S.stride()[:3],
         GATED=g is not None, HAS_S0=initial_state is not None, FLOOR=LOG_GATE_FLOOR, BT=BT, BK=BK, BV=BV,
+        num_warps=8 if BK * BT >= 64 * 64 else 4,  # many [BT, BT] and [BT, Dk] tiles live at once (not yet tuned)
     )
     return o, S
