@@ -7,9 +7,9 @@
 * ``linear_attention(...)`` / ``step(...)``: whole calls for the backend dispatch in :mod:`linattn.kernels` (inputs
   as :func:`linattn.linear_attention` validated them; feature map, normalizer column and epsilon handled here).
 
-Gradients: for accumulate and per-head gates the backward is three more runs of the Triton chunk forward kernel
-(``_backward.py``: dq as a forward pass, dk and dv as forward passes in reversed time, dg from them). For per-key-
-channel gates and the delta rules there is no Triton backward yet: the backward recomputes the forward with the
+Gradients: for accumulate and gated (per head or per key channel) the backward is three more runs of the Triton
+chunk forward kernel (``_backward.py``: dq as a forward pass, dk and dv as forward passes in reversed time, dg
+from them). For the delta rules there is no Triton backward yet: the backward recomputes the forward with the
 torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and differentiates that; the gradients are exact
 (those of the same function, to rounding), at the cost of a torch forward and backward. A decode step that needs
 gradients (not in place, an input requiring grad) runs the torch step itself.
@@ -70,8 +70,8 @@ def _torch_rule(rule: str) -> ModuleType:
 
 
 class _TritonChunk(torch.autograd.Function):
-    """Forward: the Triton chunk kernel. Backward: Triton for accumulate and per-head gates (``_backward``), else
-    recompute with the torch chunk form and differentiate it."""
+    """Forward: the Triton chunk kernel. Backward: Triton for accumulate and gated (``_backward``), else recompute
+    with the torch chunk form and differentiate it."""
 
     @staticmethod
     def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
@@ -92,7 +92,7 @@ class _TritonChunk(torch.autograd.Function):
         q, g = saved[0], saved[3]
         # The Triton backward runs the forward kernel with the values as keys: the value width must fit a block.
         v_fits = saved[2].shape[-1] <= _load()["_common"].MAX_DK
-        if ctx.rule in ("accumulate", "gated") and (g is None or g.dim() == q.dim() - 1) and v_fits:
+        if ctx.rule in ("accumulate", "gated") and v_fits:
             grads = _load()["_backward"].chunk_linear_backward(
                 *saved[:4], saved[5], S_final, grad_o, grad_S, chunk_size=ctx.chunk_size, scale=ctx.scale
             )

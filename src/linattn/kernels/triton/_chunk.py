@@ -23,6 +23,7 @@ import triton.language as tl
 
 from linattn.kernels.triton._common import (
     GATE_CHANNEL,
+    GATE_VALUE,
     LOG_GATE_FLOOR,
     block_k,
     block_t,
@@ -68,43 +69,61 @@ def _chunk_linear_fwd(
         q = tl.load(q_base + t[:, None] * sq_t + rk[None, :], mask=m_tk, other=0.0).to(DT)
         k = tl.load(k_base + t[:, None] * sk_t + rk[None, :], mask=m_tk, other=0.0).to(DT)
         v = tl.load(v_base + t[:, None] * sv_t + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0).to(DT)
-        if GATE == 0:
-            A = tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC)
-            A = tl.where(causal, A, 0.0)
-            q_in = q
-            k_out = k
-            S_next = S
-        elif GATE == 1:
-            # Padded tokens get log-gate 0 (a = 1): they leave the state unchanged.
-            g = tl.load(g_base + t * sg_t, mask=mt, other=0.0).to(tl.float64)
+        if GATE == 3:
+            # One gate per value column (the backward's dq and dk runs): the decay multiplies output columns.
+            m_tv = mt[:, None] & mv[None, :]
+            g = tl.load(g_base + t[:, None] * sg_t + rv[None, :], mask=m_tv, other=0.0).to(tl.float64)
             g = tl.maximum(g, FLOOR)
-            G = tl.cumsum(g, axis=0)
-            G_last = tl.sum(g, axis=0)
-            decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")).to(ACC))
-            A = tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC) * decay
-            q_in = (q.to(ACC) * tl.exp(G.to(ACC))[:, None]).to(DT)
-            k_out = (k.to(ACC) * tl.exp((G_last - G).to(ACC))[:, None]).to(DT)
-            S_next = S * tl.exp(G_last.to(ACC))
-        else:
-            g = tl.load(g_base + t[:, None] * sg_t + rk[None, :], mask=m_tk, other=0.0).to(tl.float64)
-            g = tl.maximum(g, FLOOR)
-            G = tl.cumsum(g, axis=0)  # [BT, BK]
-            G_last = tl.sum(g, axis=0)  # [BK]
-            # G_i - G_j from float64 G without a float64 [BT, BT, BK] tensor: G = hi + lo in two floats. hi_i - hi_j
-            # is exact when the two are close (Sterbenz) and rounds like the true difference when they are not.
+            G = tl.cumsum(g, axis=0)  # [BT, BV]
+            G_last = tl.sum(g, axis=0)  # [BV]
             G_hi = G.to(ACC)
             G_lo = (G - G_hi.to(tl.float64)).to(ACC)
-            diff = (G_hi[:, None, :] - G_hi[None, :, :]) + (G_lo[:, None, :] - G_lo[None, :, :])  # [BT, BT, BK]
+            diff = (G_hi[:, None, :] - G_hi[None, :, :]) + (G_lo[:, None, :] - G_lo[None, :, :])  # [BT, BT, BV]
             decay = tl.exp(tl.where(causal[:, :, None], diff, float("-inf")))
-            A = tl.sum(q.to(ACC)[:, None, :] * k.to(ACC)[None, :, :] * decay, axis=2)
-            q_in = (q.to(ACC) * tl.exp(G.to(ACC))).to(DT)
-            k_out = (k.to(ACC) * tl.exp((G_last[None, :] - G).to(ACC))).to(DT)
-            S_next = S * tl.exp(G_last.to(ACC))[:, None]
-        o = tl.dot(q_in, S.to(DT), input_precision=PREC, out_dtype=ACC)
-        o += tl.dot(A.to(DT), v, input_precision=PREC, out_dtype=ACC)
-        tl.store(o_base + t[:, None] * so_t + rv[None, :], (o * scale).to(o_ptr.dtype.element_ty),
-                 mask=mt[:, None] & mv[None, :])
-        S = S_next + tl.dot(tl.trans(k_out), v, input_precision=PREC, out_dtype=ACC)
+            P = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC), 0.0)
+            o = tl.dot(q, S.to(DT), input_precision=PREC, out_dtype=ACC) * tl.exp(G_hi)
+            o += tl.sum(P[:, :, None] * v.to(ACC)[None, :, :] * decay, axis=1)
+            tl.store(o_base + t[:, None] * so_t + rv[None, :], (o * scale).to(o_ptr.dtype.element_ty), mask=m_tv)
+            v_out = (v.to(ACC) * tl.exp((G_last[None, :] - G).to(ACC))).to(DT)
+            S = S * tl.exp(G_last.to(ACC))[None, :] + tl.dot(tl.trans(k), v_out, input_precision=PREC, out_dtype=ACC)
+        else:
+            if GATE == 0:
+                A = tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC)
+                A = tl.where(causal, A, 0.0)
+                q_in = q
+                k_out = k
+                S_next = S
+            elif GATE == 1:
+                # Padded tokens get log-gate 0 (a = 1): they leave the state unchanged.
+                g = tl.load(g_base + t * sg_t, mask=mt, other=0.0).to(tl.float64)
+                g = tl.maximum(g, FLOOR)
+                G = tl.cumsum(g, axis=0)
+                G_last = tl.sum(g, axis=0)
+                decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")).to(ACC))
+                A = tl.dot(q, tl.trans(k), input_precision=PREC, out_dtype=ACC) * decay
+                q_in = (q.to(ACC) * tl.exp(G.to(ACC))[:, None]).to(DT)
+                k_out = (k.to(ACC) * tl.exp((G_last - G).to(ACC))[:, None]).to(DT)
+                S_next = S * tl.exp(G_last.to(ACC))
+            elif GATE == 2:
+                g = tl.load(g_base + t[:, None] * sg_t + rk[None, :], mask=m_tk, other=0.0).to(tl.float64)
+                g = tl.maximum(g, FLOOR)
+                G = tl.cumsum(g, axis=0)  # [BT, BK]
+                G_last = tl.sum(g, axis=0)  # [BK]
+                # G_i - G_j from float64 G without a float64 [BT, BT, BK] tensor: G = hi + lo in two floats. hi_i - hi_j
+                # is exact when the two are close (Sterbenz) and rounds like the true difference when they are not.
+                G_hi = G.to(ACC)
+                G_lo = (G - G_hi.to(tl.float64)).to(ACC)
+                diff = (G_hi[:, None, :] - G_hi[None, :, :]) + (G_lo[:, None, :] - G_lo[None, :, :])  # [BT, BT, BK]
+                decay = tl.exp(tl.where(causal[:, :, None], diff, float("-inf")))
+                A = tl.sum(q.to(ACC)[:, None, :] * k.to(ACC)[None, :, :] * decay, axis=2)
+                q_in = (q.to(ACC) * tl.exp(G.to(ACC))).to(DT)
+                k_out = (k.to(ACC) * tl.exp((G_last[None, :] - G).to(ACC))).to(DT)
+                S_next = S * tl.exp(G_last.to(ACC))[:, None]
+            o = tl.dot(q_in, S.to(DT), input_precision=PREC, out_dtype=ACC)
+            o += tl.dot(A.to(DT), v, input_precision=PREC, out_dtype=ACC)
+            tl.store(o_base + t[:, None] * so_t + rv[None, :], (o * scale).to(o_ptr.dtype.element_ty),
+                     mask=mt[:, None] & mv[None, :])
+            S = S_next + tl.dot(tl.trans(k_out), v, input_precision=PREC, out_dtype=ACC)
     tl.store(sT_ptr + i_b * sT_b + i_h * sT_h + rk[:, None] * sT_k + rv[None, :], S, mask=mk[:, None] & mv[None, :])
 
 
@@ -130,22 +149,24 @@ def unit_last(x):
     return x if x is None or x.stride(-1) == 1 else x.contiguous()
 
 
-def chunk_linear(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=64, scale=1.0):
+def chunk_linear(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=64, scale=1.0, value_gate=False):
     """Kernel contract of ``linattn.ops``: q, k [B, H, T, Dk], v [B, H, T, Dv], g None | [B, H, T] | [B, H, T, Dk]
     (any strides) -> (o [B, H, T, Dv] in q's dtype, S [B, H, Dk, Dv] in float32, float64 for float64 inputs).
 
     ``chunk_size`` is rounded to a power of two in [16, 64]; per key channel the chunk is 16 tokens.
+    ``value_gate=True`` (for the backward): g is [B, H, T, Dv], one gate per value column, S_t = S_{t-1} diag(a_t)
+    + k_t v_t^T.
     """
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
     q, k, v, g = unit_last(q), unit_last(k), unit_last(v), unit_last(g)
     dt = q.dtype
     k, v = k.to(dt), v.to(dt)
-    gate = gate_kind(g, q.dim())
+    gate = GATE_VALUE if value_gate else gate_kind(g, q.dim())
     acc = acc_dtype(dt)
     o = torch.empty(B, H, T, Dv, dtype=dt, device=q.device)
     S = torch.empty(B, H, Dk, Dv, dtype=acc, device=q.device)
-    BT = 16 if gate == GATE_CHANNEL else block_t(chunk_size)
+    BT = 16 if gate in (GATE_CHANNEL, GATE_VALUE) else block_t(chunk_size)
     # IEEE products for float32 operands (no TF32); for half operands the precision flag means nothing.
     dot_t = dot_dtype(dt, _chunk_linear_fwd)
     BK, BV = block_k(Dk), block_v(Dv)

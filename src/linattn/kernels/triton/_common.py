@@ -6,11 +6,13 @@ import triton
 
 from linattn.ops.common import LOG_GATE_FLOOR
 
-GATE_NONE, GATE_HEAD, GATE_CHANNEL = 0, 1, 2
+GATE_NONE, GATE_HEAD, GATE_CHANNEL, GATE_VALUE = 0, 1, 2, 3  # GATE_VALUE: per value column (backward only)
 # The kernels hold a whole [Dk, BV] state block in registers: the key width is one block.
 MAX_DK = 256
 
-__all__ = ["GATE_NONE", "GATE_HEAD", "GATE_CHANNEL", "MAX_DK", "LOG_GATE_FLOOR", "block_k", "block_v", "block_t"]
+__all__ = [
+    "GATE_NONE", "GATE_HEAD", "GATE_CHANNEL", "GATE_VALUE", "MAX_DK", "LOG_GATE_FLOOR", "block_k", "block_v", "block_t",
+]
 
 
 def block_k(Dk: int) -> int:
