@@ -32,6 +32,7 @@ __all__ = [
     "chunk_kernel", "step_kernel", "unavailable_reason", "interpreted", "linear_attention", "step", "SUPPORTED_DTYPES",
 ]
 
+DELTA_RULES = ("delta", "gated_delta")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MODULES = ("_common", "_chunk", "_delta", "_step", "_backward")
 
@@ -129,7 +130,7 @@ def step_kernel(rule: str):
     With autograd in play (not in place, and an input requiring grad) it runs the torch step instead: the
     Triton kernel writes the state in place and records no graph.
     """
-    delta = rule in ("delta", "gated_delta")
+    delta = rule in DELTA_RULES
 
     def step(q, k, v, *, g=None, beta=None, state, inplace=False):
         tracked = (q, k, v, g, beta, state)
@@ -200,8 +201,6 @@ def step(
     """One decode token through the fused Triton step: ``q`` (already scaled), ``k`` features ``[B, H, Dk]``,
     ``v [B, H, Dv]``; ``state [B, H, Dk, Dv(+1)]`` (any strides, unit along the last), updated in place when
     ``inplace``. Returns (o ``[B, H, Dv]`` in ``v.dtype``, state)."""
-    vv = torch.cat([v.to(state.dtype), torch.ones_like(v[..., :1], dtype=state.dtype)], dim=-1) if normalize else v
-    o, S = step_kernel(rule)(q, k, vv, g=g, beta=beta, state=state, inplace=inplace)
-    if normalize:
-        o = _read(o, eps, eps_mode)
-    return o.to(v.dtype), S
+    # One launch: the kernel writes z's value 1 itself, divides by q^T z and writes o in v's dtype.
+    return _load()["_step"].step(q, k, v, g=g, beta=beta, state=state, inplace=inplace, delta=rule in DELTA_RULES,
+                                 normalize=normalize, eps=eps, eps_mode=eps_mode, out_dtype=v.dtype)
