@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import os
 import platform
@@ -25,7 +26,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from linattn import kernels as _kernels  # noqa: E402,F401  (the namespace package: fails loudly if src is wrong)
+import linattn  # noqa: E402
+import linattn.api  # noqa: E402
 from linattn.kernels import triton as lt  # noqa: E402
 
 RULES = ("accumulate", "gated", "delta", "gated_delta")
@@ -140,38 +142,54 @@ def kv_row(rnd, B, H, L, D, args) -> dict:
     return timed(kv_step, args.warmup, args.repeats)
 
 
+def api_backend() -> bool:
+    """Whether linattn.step takes ``backend=`` (the dispatch of linattn.kernels) on this checkout."""
+    return "backend" in inspect.signature(linattn.step).parameters
+
+
 def state_rows(rule, rnd, gen, B, H, D, L, dt, args) -> list[dict]:
-    """The state step of ``rule`` twice: torch ops (linattn.ops, float32 tokens) and the fused Triton kernel
-    (bfloat16 tokens), both in place on a float32 state; the fused output checked against the torch one first.
-    The state step does not depend on L: it is timed at every L so that each row sits next to its KV row."""
+    """One decode step of ``rule`` through the public ``linattn.step``, in place on a float32 state that the
+    library's own layout holds ([S | z] in one buffer), bfloat16 tokens: once on the torch ops and once on the fused
+    Triton kernel (``backend="triton"``, or the kernel package's entry point where the API has no ``backend``
+    yet); the fused output is checked against the torch one first. The state step does not depend on L: it is
+    timed at every L so that each row sits next to its KV row."""
     norm = rule in ("accumulate", "gated")
-    Dw = D + norm
-    q, k = F.elu(rnd(B, H, D)) + 1, F.elu(rnd(B, H, D)) + 1
+    q, k, v = F.elu(rnd(B, H, D)) + 1, F.elu(rnd(B, H, D)) + 1, rnd(B, H, D)
     if not norm:
         k = F.normalize(k.float(), dim=-1).to(dt)
-    v = rnd(B, H, D)
-    if norm:
-        v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
     g = F.logsigmoid(rnd(B, H).float() + 3).to(dt) if rule in ("gated", "gated_delta") else None
     beta = torch.sigmoid(rnd(B, H).float()).to(dt) if rule in ("delta", "gated_delta") else None
-    S = (torch.randn(B, H, D, Dw, generator=gen) * 0.1).to(DEV)
-    ops = importlib.import_module(f"linattn.ops.{rule}")
-    tri = lt.step_kernel(rule)
-    f32 = [None if x is None else x.float() for x in (q, k, v, g, beta)]
-    o_ref, _ = ops.step(*f32[:3], g=f32[3], beta=f32[4], state=S.clone(), inplace=False)
-    o_tri, _ = tri(q, k, v, g=g, beta=beta, state=S.clone(), inplace=False)
-    err = float((o_tri.float() - o_ref).abs().max() / o_ref.abs().max().clamp_min(1))
-    S_torch, S_tri = S.clone(), S.clone()
+    buf = (torch.randn(B, H, D, D + norm, generator=gen) * 0.1).to(DEV)
+    if norm:
+        buf[..., -1] = buf[..., -1].abs() + 1  # z > 0: a normalizer that has seen positive keys
 
-    def torch_step():
-        return ops.step(*f32[:3], g=f32[3], beta=f32[4], state=S_torch, inplace=True)
+    def fresh():
+        b = buf.clone()
+        return linattn.State(b[..., :D], b[..., D]) if norm else linattn.State(b)
 
-    def fused_step():
-        return tri(q, k, v, g=g, beta=beta, state=S_tri, inplace=True)
+    kw = {"rule": rule, "g": g, "beta": beta}
+    if api_backend():
+        def run(state, backend):
+            return linattn.step(q, k, v, state, inplace=True, backend=backend, **kw)
+    else:  # what linattn.step does around the kernel: features are q, k themselves, scale D^-0.5
+        def run(state, backend):
+            if backend == "torch":
+                return linattn.step(q, k, v, state, inplace=True, **kw)
+            s = D ** -0.5
+            S = linattn.api._augmented(state, torch.float32) if norm else state.S
+            o, S = lt.step(rule=rule, q=q.float() if norm else q.float() * s, k=k.float(), v=v, g=g, beta=beta,
+                           state=S, normalize=norm, eps=1e-6 / s if norm else 1e-6, eps_mode="add", inplace=True)
+            return o, state
 
-    common = {"L": L, "state_bytes": S.numel() * S.element_size(), "fused_vs_torch_max_rel_err": err}
-    return [{"path": f"{name}:{rule}", **common, **attempt(lambda fn=fn: timed(fn, args.warmup, args.repeats))}
-            for name, fn in (("state_torch_ops", torch_step), ("state_triton_fused", fused_step))]
+    o_ref, _ = run(fresh(), "torch")
+    o_tri, _ = run(fresh(), "triton")
+    err = float((o_tri.float() - o_ref.float()).abs().max() / o_ref.float().abs().max().clamp_min(1))
+    states = {"torch": fresh(), "triton": fresh()}
+    common = {"L": L, "state_bytes": buf.numel() * buf.element_size(), "fused_vs_torch_max_rel_err": err,
+              "api_backend_keyword": api_backend()}
+    return [{"path": f"{name}:{rule}", **common,
+             **attempt(lambda b=b: timed(lambda: run(states[b], b), args.warmup, args.repeats))}
+            for name, b in (("state_torch_ops", "torch"), ("state_triton_fused", "triton"))]
 
 
 # ------------------------------------------------------------------------------------------------ chunk
