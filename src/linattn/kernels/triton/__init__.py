@@ -37,8 +37,14 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MODULES = ("_common", "_chunk", "_delta", "_step", "_backward")
 
 
+_LOADED: dict[str, ModuleType] = {}
+
+
 def _load() -> dict[str, ModuleType]:
-    return {name: importlib.import_module(f"{__name__}.{name}") for name in _MODULES}
+    """The kernel modules, imported (and their kernels decorated) on first use; cached: decode calls this per step."""
+    if not _LOADED:
+        _LOADED.update({name: importlib.import_module(f"{__name__}.{name}") for name in _MODULES})
+    return _LOADED
 
 
 def interpreted() -> bool:
