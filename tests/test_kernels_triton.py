@@ -214,17 +214,20 @@ def test_chunk_gradients_through_resets(tk, rule, kind, dtype):
         assert (g_grad[:, :, 7] == 0).all() and (g_grad[:, :, 21] == 0).all()
 
 
-def test_chunk_gradient_without_initial_state_and_partial_outputs(tk):
+@pytest.mark.parametrize("rule,kind", [("gated", "head"), ("delta", None)], ids=["gated-head", "delta"])
+def test_chunk_gradient_without_initial_state_and_partial_outputs(tk, rule, kind):
     """Only o used, no initial state, only v requires grad: the backward returns what autograd asks for."""
-    x = make("delta", None, T=17, initial=False)
-    q, k, beta = (x[n].transpose(1, 2) for n in ("q", "k", "beta"))
-    v = x["v"].transpose(1, 2).contiguous().requires_grad_()
-    o, _ = tk.chunk_kernel("delta")(q, k, v, beta=beta, initial_state=None, chunk_size=16, scale=1.0)
+    from linattn.ops import gated, gated_delta
+
+    x = make(rule, kind, T=17, initial=False)
+    q, k, g, beta = (None if x[n] is None else x[n].transpose(1, 2).to(DEVICE) for n in ("q", "k", "g", "beta"))
+    v = x["v"].transpose(1, 2).contiguous().to(DEVICE).requires_grad_()
+    o, _ = tk.chunk_kernel(rule)(q, k, v, g=g, beta=beta, initial_state=None, chunk_size=16, scale=1.0)
     (gv,) = torch.autograd.grad(o.square().sum(), [v])
     v2 = v.detach().clone().requires_grad_()
-    from linattn.ops import gated_delta
-
-    o2, _ = gated_delta.recurrent(q, k, v2, beta=beta, initial_state=torch.zeros(2, 3, 5, 7, dtype=torch.float64))
+    loop = gated_delta.recurrent if rule == "delta" else gated.recurrent
+    S0 = torch.zeros(2, 3, 5, 7, dtype=torch.float64, device=DEVICE)
+    o2, _ = loop(q, k, v2, g=g, beta=beta, initial_state=S0)
     (gv2,) = torch.autograd.grad(o2.square().sum(), [v2])
     assert rel_err(gv, np64(gv2)) <= 1e-10
 
@@ -283,13 +286,13 @@ def test_step_half_inputs_float32_state(tk, rule, kind):
 
 def test_step_with_gradients_runs_the_torch_step(tk):
     x, S0 = step_inputs("gated", "channel", torch.float64)
-    q = x["q"][:, 0].clone().requires_grad_()
-    o, _ = tk.step_kernel("gated")(q, x["k"][:, 0], x["v"][:, 0], g=x["g"][:, 0], state=S0)
+    k, v, g = (x[n][:, 0].to(DEVICE) for n in ("k", "v", "g"))
+    q = x["q"][:, 0].to(DEVICE).requires_grad_()
+    o, _ = tk.step_kernel("gated")(q, k, v, g=g, state=S0)
     (gq,) = torch.autograd.grad(o.sum(), [q])
-    assert rel_err(gq, np64(S0 * x["g"][:, 0, ..., None].exp() + x["k"][:, 0, ..., None] * x["v"][:, 0, :, None, :]
-                            ).sum(-1)) <= 1e-12
+    assert rel_err(gq, np64((S0 * g[..., None].exp() + k[..., None] * v[:, :, None, :]).sum(-1))) <= 1e-12
     with pytest.raises(ValueError, match="inplace"):
-        tk.step_kernel("gated")(q, x["k"][:, 0], x["v"][:, 0], g=x["g"][:, 0], state=S0, inplace=True)
+        tk.step_kernel("gated")(q, k, v, g=g, state=S0, inplace=True)
 
 
 # ------------------------------------------------------------------------------------------- availability
