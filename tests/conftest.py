@@ -1,12 +1,22 @@
 """Test-wide settings: hypothesis without per-example deadlines (the machines are shared and timing varies).
 
 ``HYPOTHESIS_PROFILE=thorough pytest`` runs ten times more random cases (see ``helpers.n_examples``).
+
+Without a CUDA device the Triton kernels (tests/test_kernels_triton.py) run under Triton's interpreter, which must
+be chosen before triton is first imported (Triton's own library functions are decorated then): set it here, first.
+Nothing else changes: linattn picks Triton only for CUDA tensors unless asked, and peers' Triton kernels are never
+launched on a CPU.
 """
 
 import os
 
 import pytest
-from hypothesis import settings
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from hypothesis import settings  # noqa: E402
 
 settings.register_profile("quick", deadline=None, print_blob=True)
 settings.register_profile("thorough", deadline=None, print_blob=True)

@@ -1,0 +1,37 @@
+"""Block sizes and constants the Triton kernels share (importing this module needs triton)."""
+
+from __future__ import annotations
+
+import triton
+
+from linattn.ops.common import LOG_GATE_FLOOR
+
+GATE_NONE, GATE_HEAD, GATE_CHANNEL, GATE_VALUE = 0, 1, 2, 3  # GATE_VALUE: per value column (backward only)
+# The kernels hold a whole [Dk, BV] state block in registers: the key width is one block.
+MAX_DK = 256
+
+__all__ = [
+    "GATE_NONE", "GATE_HEAD", "GATE_CHANNEL", "GATE_VALUE", "MAX_DK", "LOG_GATE_FLOOR", "block_k", "block_v", "block_t",
+]
+
+
+def block_k(Dk: int) -> int:
+    """The whole key width, a power of two >= 16 (tl.dot's smallest tile)."""
+    return max(16, triton.next_power_of_2(Dk))
+
+
+def block_v(Dv: int) -> int:
+    """Value columns per program: independent columns, so the value width is split across programs."""
+    return max(16, min(64, triton.next_power_of_2(Dv)))
+
+
+def block_t(chunk_size: int) -> int:
+    """Tokens per chunk: ``chunk_size`` rounded up to a power of two in [16, 64]."""
+    return max(16, min(64, triton.next_power_of_2(chunk_size)))
+
+
+def gate_kind(g, x_dim: int) -> int:
+    """GATE_NONE, GATE_HEAD (g has one dimension fewer than q) or GATE_CHANNEL (g shaped like q)."""
+    if g is None:
+        return GATE_NONE
+    return GATE_CHANNEL if g.dim() == x_dim else GATE_HEAD

@@ -1,0 +1,337 @@
+"""Triton kernels (linattn.kernels.triton) against the float64 NumPy reference.
+
+On a machine without CUDA the kernels run under Triton's interpreter on CPU tensors: ``TRITON_INTERPRET=1`` must be
+in the environment before triton is first imported, so tests/conftest.py sets it when there is no CUDA device.
+On CUDA the same tests run compiled on the device. The interpreter is slow (0.1 s per linear chunk call, 0.5 s per
+delta chunk call here): the default run keeps a fixed subset of about 30 s; ``python -m pytest -m slow
+tests/test_kernels_triton.py`` runs the wider sweep.
+
+Shapes are awkward on purpose: T not a multiple of the chunk, B*H > 1, Dk != Dv, odd widths (masked blocks),
+inputs given as [B, H, T, D] views of [B, T, H, D] tensors (strided, as linattn.api passes them).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import np64, rel_err
+
+from linattn import reference
+
+pytest.importorskip("triton")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+# (rule, gate kind): the five kernels' variants.
+VARIANTS = [("accumulate", None), ("gated", "head"), ("gated", "channel"), ("delta", None), ("gated_delta", "head")]
+IDS = [f"{r}-{k}" if k else r for r, k in VARIANTS]
+GATED = [(r, k) for r, k in VARIANTS if k]
+
+
+@pytest.fixture(scope="module")
+def tk():
+    """The kernel package; without CUDA its kernels must be interpreted (conftest sets TRITON_INTERPRET=1)."""
+    import linattn.kernels.triton as kt
+
+    if DEVICE == "cpu" and not kt.interpreted():
+        pytest.skip("no CUDA device and triton was imported without TRITON_INTERPRET=1")
+    return kt
+
+
+def make(rule, kind, *, B=2, T=37, H=3, Dk=5, Dv=7, gates="wide", initial=True, seed=0, dtype=torch.float64):
+    """Inputs in the reference layout [B, T, H, D] (float64 leaves, rounded to ``dtype``) and its gate/beta/S0."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, lo=-1.0, hi=1.0):
+        return (lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=torch.float64)).to(dtype).double()
+
+    q, k, v = rand(B, T, H, Dk), rand(B, T, H, Dk), rand(B, T, H, Dv)
+    x = {"q": q, "k": k, "v": v, "g": None, "beta": None, "S0": rand(B, H, Dk, Dv) if initial else None}
+    if rule in ("delta", "gated_delta"):
+        # Unit keys and beta in (0, 1.5): the write converges.
+        x["k"] = (k / k.norm(dim=-1, keepdim=True)).to(dtype).double()
+        x["beta"] = rand(B, T, H, lo=0.05, hi=1.5)
+    if kind is not None:
+        shape = (B, T, H, Dk) if kind == "channel" else (B, T, H)
+        lo, hi = {"wide": (-8.0, -1e-4), "near_one": (-1e-3, -1e-5), "near_zero": (-30.0, -5.0)}.get(gates, (-3, -0.1))
+        g = torch.empty(shape, dtype=torch.float64).uniform_(lo, hi, generator=gen)
+        if gates == "resets":  # a full reset (-inf) and a huge finite gate inside chunks
+            g[:, 7] = float("-inf")
+            g[:, 21] = -1e30
+        x["g"] = g.to(dtype).double()
+    return x
+
+
+def heads_first(x, dtype):
+    return None if x is None else x.to(dtype).to(DEVICE).transpose(1, 2)
+
+
+def run_chunk(tk, rule, x, dtype, chunk_size=16, scale=0.7):
+    kernel = tk.chunk_kernel(rule)
+    S0 = None if x["S0"] is None else x["S0"].to(dtype).to(DEVICE)
+    return kernel(
+        *(heads_first(x[n], dtype) for n in ("q", "k", "v")), g=heads_first(x["g"], dtype),
+        beta=heads_first(x["beta"], dtype), initial_state=S0, chunk_size=chunk_size, scale=scale,
+    )
+
+
+def ref(rule, x, scale=0.7):
+    o, S, _ = reference.linear_attention(
+        np64(x["q"]), np64(x["k"]), np64(x["v"]), rule=rule, normalize=False, scale=scale, g=np64(x["g"]),
+        beta=np64(x["beta"]), initial_S=np64(x["S0"]),
+    )
+    return o, S
+
+
+def check_chunk(tk, rule, kind, dtype, chunk_size=16, **shape):
+    x = make(rule, kind, dtype=dtype, **shape)
+    o, S = run_chunk(tk, rule, x, dtype, chunk_size)
+    o_ref, S_ref = ref(rule, x)
+    assert o.dtype == dtype and S.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    err = {"o": rel_err(o.transpose(1, 2), o_ref), "S": rel_err(S, S_ref)}
+    assert max(err.values()) <= TOL[dtype], f"{rule}/{kind} {dtype}: {err}"
+
+
+# ------------------------------------------------------------------------------------------- chunk forward
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_chunk_forward_matches_reference(tk, rule, kind, dtype):
+    check_chunk(tk, rule, kind, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("gates", ["near_zero", "near_one", "resets"])
+@pytest.mark.parametrize("rule,kind", GATED, ids=[f"{r}-{k}" for r, k in GATED])
+def test_chunk_forward_extreme_gates(tk, rule, kind, gates, dtype):
+    """Gates near 0 and 1, a reset (-inf) and -1e30 inside chunks; in float32 the cumulative log-gates after a
+    reset are about -1000, where only a float64 sum (or a two-float difference) keeps the later differences."""
+    check_chunk(tk, rule, kind, dtype, gates=gates, T=29)
+
+
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_chunk_forward_bfloat16_without_initial_state(tk, rule, kind):
+    check_chunk(tk, rule, kind, torch.bfloat16, initial=False, T=21)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("chunk_size", [16, 64])
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_chunk_forward_wide_sweep(tk, rule, kind, chunk_size, dtype):
+    """Several value blocks (Dv = 70 > 64), Dk = 33 (a 64-wide masked key block), T = 150, B*H = 4."""
+    check_chunk(tk, rule, kind, dtype, chunk_size, B=2, H=2, T=150, Dk=33, Dv=70, seed=1)
+
+
+def test_chunk_normalizer_column_as_the_api_builds_it(tk):
+    """The normalizer rides as a value column of ones: num / (den + eps) equals the normalized reference."""
+    x = make("gated", "head", T=23, Dv=6)
+    z0 = torch.rand(2, 3, 5, dtype=torch.float64) + 0.5
+    x["q"], x["k"] = x["q"].abs() + 0.1, x["k"].abs() + 0.1
+    ones = torch.ones_like(x["v"][..., :1])
+    aug = dict(x, v=torch.cat([x["v"], ones], -1), S0=torch.cat([x["S0"], z0[..., None]], -1))
+    o, S = run_chunk(tk, "gated", aug, torch.float64)
+    o = o.transpose(1, 2).cpu()
+    o = o[..., :-1] / (o[..., -1:] + 1e-6)
+    o_ref, S_ref, z_ref = reference.linear_attention(
+        np64(x["q"]), np64(x["k"]), np64(x["v"]), rule="gated", scale=0.7, g=np64(x["g"]), initial_S=np64(x["S0"]),
+        initial_z=np64(z0), eps=1e-6,
+    )
+    assert rel_err(o, o_ref) <= 1e-10 and rel_err(S[..., :-1], S_ref) <= 1e-10 and rel_err(S[..., -1], z_ref) <= 1e-10
+
+
+# ------------------------------------------------------------------------------------------- gradients
+def grads_of(fn, leaves, weights):
+    o, S = fn(*leaves)
+    loss = (o * weights[0]).sum() + (S * weights[1]).sum()
+    return torch.autograd.grad(loss, [x for x in leaves if x is not None])
+
+
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_chunk_gradients_match_token_loop(tk, rule, kind):
+    """Gradients through the Triton chunk forward (its backward recomputes with the torch chunk form) equal the
+    float64 token loop's, for q, k, v, g, beta and the initial state; the forward matches the reference too."""
+    from linattn.ops import gated, gated_delta
+
+    x = make(rule, kind, T=19, gates="moderate")
+    names = ("q", "k", "v", "g", "beta", "S0")
+    leaves = [None if x[n] is None else x[n].to(DEVICE).transpose(1, 2).contiguous().requires_grad_()
+              if n != "S0" else x[n].to(DEVICE).requires_grad_() for n in names]
+    loop = gated_delta.recurrent if rule in ("delta", "gated_delta") else gated.recurrent
+    gen = torch.Generator().manual_seed(5)
+    weights = (torch.randn(2, 3, 19, 7, generator=gen, dtype=torch.float64).to(DEVICE),
+               torch.randn(2, 3, 5, 7, generator=gen, dtype=torch.float64).to(DEVICE))
+
+    def triton_fn(q, k, v, g, beta, S0):
+        return tk.chunk_kernel(rule)(q, k, v, g=g, beta=beta, initial_state=S0, chunk_size=16, scale=0.7)
+
+    def loop_fn(q, k, v, g, beta, S0):
+        return loop(q, k, v, g=g, beta=beta, initial_state=S0, scale=0.7)
+
+    o, S = triton_fn(*leaves)
+    o_ref, S_ref = ref(rule, x)
+    assert rel_err(o.transpose(1, 2), o_ref) <= 1e-10 and rel_err(S, S_ref) <= 1e-10
+    got, want = grads_of(triton_fn, leaves, weights), grads_of(loop_fn, leaves, weights)
+    present = [n for n, leaf in zip(names, leaves, strict=True) if leaf is not None]
+    for name, a, b in zip(present, got, want, strict=True):
+        assert rel_err(a, np64(b)) <= 1e-10, name
+
+
+# The delta rules' backward is the torch chunk form's own, so float32 adds little there: slow.
+RESET_GRAD_CASES = [
+    pytest.param(r, k, d, id=f"{i}-{n}", marks=[pytest.mark.slow] if r.endswith("delta") and n == "f32" else [])
+    for (r, k), i in zip(VARIANTS, IDS, strict=True) for d, n in ((torch.float64, "f64"), (torch.float32, "f32"))
+]
+
+
+@pytest.mark.parametrize("rule,kind,dtype", RESET_GRAD_CASES)
+def test_chunk_gradients_through_resets(tk, rule, kind, dtype):
+    """Gates -inf and -1e30 inside chunks (and gates near 0): finite gradients equal to the torch chunk form's
+    (itself tested against the token loop through resets in test_extreme_gates.py); 0 for a floored gate."""
+    import importlib
+
+    x = make(rule, kind, T=29, gates="resets" if kind else "wide", dtype=dtype)
+    names = ("q", "k", "v", "g", "beta", "S0")
+
+    def leaves():
+        return [None if x[n] is None else (x[n] if n == "S0" else x[n].transpose(1, 2)).to(dtype).to(DEVICE)
+                .contiguous().requires_grad_() for n in names]
+
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(2, 3, 29, 7, generator=gen).to(dtype).to(DEVICE),
+         torch.randn(2, 3, 5, 7, generator=gen).to(DEVICE))
+    torch_chunk = importlib.import_module(f"linattn.ops.{rule}").FORMS["chunk"]
+    got = grads_of(lambda q, k, v, g, b, S0: tk.chunk_kernel(rule)(q, k, v, g=g, beta=b, initial_state=S0,
+                                                                   chunk_size=16, scale=0.7), leaves(), w)
+    want = grads_of(lambda q, k, v, g, b, S0: torch_chunk(q, k, v, g=g, beta=b, initial_state=S0, chunk_size=16,
+                                                          scale=0.7), leaves(), w)
+    present = [n for n in names if x[n] is not None]
+    for name, a, b in zip(present, got, want, strict=True):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, np64(b)) <= (1e-10 if dtype == torch.float64 else 1e-4), name
+    if kind:
+        g_grad = got[present.index("g")]
+        assert (g_grad[:, :, 7] == 0).all() and (g_grad[:, :, 21] == 0).all()
+
+
+@pytest.mark.parametrize("rule,kind", [("gated", "head"), ("delta", None)], ids=["gated-head", "delta"])
+def test_chunk_gradient_without_initial_state_and_partial_outputs(tk, rule, kind):
+    """Only o used, no initial state, only v requires grad: the backward returns what autograd asks for."""
+    from linattn.ops import gated, gated_delta
+
+    x = make(rule, kind, T=17, initial=False)
+    q, k, g, beta = (None if x[n] is None else x[n].transpose(1, 2).to(DEVICE) for n in ("q", "k", "g", "beta"))
+    v = x["v"].transpose(1, 2).contiguous().to(DEVICE).requires_grad_()
+    o, _ = tk.chunk_kernel(rule)(q, k, v, g=g, beta=beta, initial_state=None, chunk_size=16, scale=1.0)
+    (gv,) = torch.autograd.grad(o.square().sum(), [v])
+    v2 = v.detach().clone().requires_grad_()
+    loop = gated_delta.recurrent if rule == "delta" else gated.recurrent
+    S0 = torch.zeros(2, 3, 5, 7, dtype=torch.float64, device=DEVICE)
+    o2, _ = loop(q, k, v2, g=g, beta=beta, initial_state=S0)
+    (gv2,) = torch.autograd.grad(o2.square().sum(), [v2])
+    assert rel_err(gv, np64(gv2)) <= 1e-10
+
+
+# ------------------------------------------------------------------------------------------- decode step
+STEP_VARIANTS = VARIANTS + [("gated_delta", "reset")]
+
+
+def step_inputs(rule, kind, dtype, Dv=7, augmented=False):
+    x = make(rule, "head" if kind == "reset" else kind, T=1, Dv=Dv, dtype=dtype)
+    if kind == "reset":
+        x["g"][:] = float("-inf")
+    S0 = x["S0"].to(dtype)
+    if augmented:  # the [S | z] layout linattn.api builds: rows of Dv + 1 with unit stride, state = a strided view
+        buf = torch.zeros(*S0.shape[:-1], Dv + 1, dtype=dtype)
+        buf[..., :Dv] = S0
+        return x, buf.to(DEVICE)[..., :Dv]
+    return x, S0.to(DEVICE)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("rule,kind", STEP_VARIANTS, ids=IDS + ["gated_delta-reset"])
+def test_step_matches_reference(tk, rule, kind, dtype, inplace):
+    x, S0 = step_inputs(rule, kind, dtype, augmented=inplace)
+    before = S0.clone()
+    step = tk.step_kernel(rule)
+
+    def tok(n):
+        return None if x[n] is None else x[n][:, 0].to(dtype).to(DEVICE)
+
+    o, S = step(tok("q") * 0.7, tok("k"), tok("v"), g=tok("g"), beta=tok("beta"), state=S0, inplace=inplace)
+    o_ref, S_ref = ref(rule, x)
+    assert rel_err(o, o_ref[:, 0]) <= TOL[dtype] and rel_err(S, S_ref) <= TOL[dtype]
+    if inplace:
+        spare = S0.as_strided(S0.shape[:-1], S0.stride()[:-1], S0.storage_offset() + S0.shape[-1])
+        assert S.data_ptr() == S0.data_ptr() and S0.stride(-2) == 8 and (spare == 0).all()  # the z slot untouched
+    else:
+        assert torch.equal(S0, before)
+
+
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_step_half_inputs_float32_state(tk, rule, kind):
+    """bfloat16 tokens into a float32 state: products in float32, the output in the state's dtype."""
+    x, S0 = step_inputs(rule, kind, torch.bfloat16, Dv=70)
+    S0 = S0.float()
+
+    def tok(n):
+        return None if x[n] is None else x[n][:, 0].to(torch.bfloat16).to(DEVICE)
+
+    o, S = tk.step_kernel(rule)(tok("q"), tok("k"), tok("v"), g=tok("g"), beta=tok("beta"), state=S0)
+    x["S0"] = S0.double().cpu()
+    o_ref, S_ref = ref(rule, x, scale=1.0)
+    assert o.dtype == torch.float32 and rel_err(o, o_ref[:, 0]) <= 1e-5 and rel_err(S, S_ref) <= 1e-5
+
+
+def test_step_with_gradients_runs_the_torch_step(tk):
+    x, S0 = step_inputs("gated", "channel", torch.float64)
+    k, v, g = (x[n][:, 0].to(DEVICE) for n in ("k", "v", "g"))
+    q = x["q"][:, 0].to(DEVICE).requires_grad_()
+    o, _ = tk.step_kernel("gated")(q, k, v, g=g, state=S0)
+    (gq,) = torch.autograd.grad(o.sum(), [q])
+    assert rel_err(gq, np64((S0 * g[..., None].exp() + k[..., None] * v[:, :, None, :]).sum(-1))) <= 1e-12
+    with pytest.raises(ValueError, match="inplace"):
+        tk.step_kernel("gated")(q, k, v, g=g, state=S0, inplace=True)
+
+
+# ------------------------------------------------------------------------------------------- availability
+def test_unavailable_reasons(tk):
+    assert tk.unavailable_reason(torch.device(DEVICE), torch.float32, 64) is None
+    assert "feature width 4161" in tk.unavailable_reason(torch.device(DEVICE), torch.float32, 4161)
+    assert "int32" in tk.unavailable_reason(torch.device(DEVICE), torch.int32, 64)
+
+
+# ------------------------------------------------------------------------------------------- whole calls
+@pytest.mark.parametrize("eps_mode", ["add", "clamp"])
+@pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
+def test_whole_call_with_feature_map_and_normalizer(tk, rule, kind, eps_mode):
+    """The dispatch entry point: public layout, a feature map, the normalizer column and eps, an initial state,
+    then decode steps continuing from its final state, all against the reference on the whole sequence."""
+    from linattn.feature_maps import resolve_feature_map
+
+    normalize = rule in ("accumulate", "gated")
+    x = make(rule, kind, T=21, Dv=6, dtype=torch.float32)
+    dev = {n: None if x[n] is None else x[n].float().to(DEVICE) for n in ("q", "k", "v", "g", "beta")}
+    z0 = torch.rand(2, 3, 5, dtype=torch.float64) + 0.5
+    S_aug = torch.cat([x["S0"], z0[..., None]], -1) if normalize else x["S0"]
+    fmap_name = "elu1" if normalize else None
+    fmap = resolve_feature_map(fmap_name)
+    T0 = 17  # prefill 17 tokens in one call, then 4 decode steps
+    pre = {n: None if t is None else t[:, :T0] for n, t in dev.items()}
+    o, S = tk.linear_attention(rule=rule, **pre, state=S_aug.float().to(DEVICE), fmap=fmap, scale=None,
+                               normalize=normalize, eps=1e-3, eps_mode=eps_mode)
+    outs = [o]
+    for t in range(T0, 21):
+        qf, kf = (dev[n][:, t] if fmap is None else fmap(dev[n][:, t]) for n in ("q", "k"))
+        o_t, S = tk.step(rule=rule, q=qf * 5 ** -0.5, k=kf, v=dev["v"][:, t], g=None if dev["g"] is None else
+                         dev["g"][:, t], beta=None if dev["beta"] is None else dev["beta"][:, t], state=S,
+                         normalize=normalize, eps=1e-3, eps_mode=eps_mode, inplace=True)
+        outs.append(o_t[:, None])
+    o_ref, S_ref, z_ref = reference.linear_attention(
+        np64(x["q"]), np64(x["k"]), np64(x["v"]), rule=rule, feature_map=fmap_name, g=np64(x["g"]),
+        beta=np64(x["beta"]), initial_S=np64(x["S0"]), initial_z=np64(z0) if normalize else None, eps=1e-3,
+        eps_mode=eps_mode,
+    )
+    assert rel_err(torch.cat(outs, 1), o_ref) <= 1e-4
+    assert rel_err(S[..., :6], S_ref) <= 1e-4 and (not normalize or rel_err(S[..., 6], z_ref) <= 1e-4)
