@@ -3,7 +3,9 @@
 ``backend="torch"`` always runs the readable torch forms in :mod:`linattn.ops`. ``backend="cpu"`` runs the fused
 numba token loop (:mod:`linattn.kernels.cpu_numba`) and raises a ``ValueError`` for inputs it does not cover.
 ``backend="auto"`` (the default) takes a compiled kernel only where one covers the call and was measured faster
-(docs/perf.md), and the torch form otherwise. More backends (e.g. Triton on CUDA) register in ``_BACKENDS``.
+(docs/perf.md), and the torch form otherwise: Triton for CUDA tensors (when triton is installed), numba on CPU.
+``backend="triton"`` forces the Triton kernels (:mod:`linattn.kernels.triton`; CUDA, or CPU tensors under
+``TRITON_INTERPRET=1``) and raises a ``ValueError`` naming the reason where they cannot run.
 
 The compiled kernels compute forward only, from a float32 state, on CPU tensors: a call that needs autograd,
 another state dtype, a device other than the CPU, or more than the rule's plain inputs runs the torch form. If
@@ -20,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-BACKENDS = ("auto", "torch", "cpu")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
 # "auto" uses the compiled kernels for these forms ("step" is decode); the others (parallel, scan) are asked for
 # by name to study them, so they keep their torch form. Tests of the torch forms empty this tuple.
@@ -77,6 +79,38 @@ def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, ext
     return None
 
 
+def _triton_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool | None, extra: dict | None):
+    """(Triton module, None) when the Triton kernels can take this call, else (None, why). ``grad`` None: autograd
+    is fine (the chunk kernels have a backward); True: refused (the decode step has none)."""
+    q, _, v, g, _ = tensors
+    unknown = [name for name, x in (extra or {}).items() if x is not None]
+    if unknown:
+        return None, f"it does not take {', '.join(unknown)}"
+    if v.shape[-2] != q.shape[-2]:
+        return None, "it needs as many value heads as query heads"
+    if g is not None and rule in ("delta", "gated_delta") and g.dim() == q.dim():
+        return None, "its delta rules take one gate per head"
+    if grad:
+        return None, "its decode step has no backward (inputs require grad)"
+    try:
+        kt = importlib.import_module("linattn.kernels.triton")
+    except Exception as exc:  # triton missing or failing to load
+        return None, f"triton is unavailable ({type(exc).__name__}: {exc})"
+    why = kt.refusal(q, state, state.shape[-2])
+    return (kt, None) if why is None else (None, why)
+
+
+def _use_triton(backend: str, q: torch.Tensor, tensors: tuple, rule: str, state, grad, extra):
+    """The Triton module when it should run this call, None for the other paths; a forced "triton" that cannot
+    run is an error. "auto" asks Triton only for CUDA tensors."""
+    if backend != "triton" and not (backend == "auto" and q.is_cuda):
+        return None
+    kt, why = _triton_refusal(rule, tensors, state, grad, extra)
+    if kt is None and backend == "triton":
+        raise ValueError(f"backend='triton' cannot run this call: {why}; use backend='auto' or 'torch'")
+    return kt
+
+
 def _resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
     """True when the compiled kernel should run. A forced "cpu" that cannot take the call is an error."""
     if backend == "torch":
@@ -113,6 +147,12 @@ def linear_attention(
     ``extra``: any further argument of the public call (e.g. ``cu_seqlens``); a compiled kernel runs only when all
     of them are None. Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the augmented layout.
     """
+    kt = _use_triton(backend, q, (q, k, v, g, beta), rule, state, None, extra)
+    if kt is not None:
+        return kt.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap, scale=scale,
+                                   normalize=normalize, eps=eps, eps_mode=eps_mode)
+    if backend == "triton" or q.is_cuda:
+        return None
     refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)
     if not _resolve(backend, refusal, form in AUTO_FORMS):
         return None
@@ -141,6 +181,13 @@ def step(
     """
     if backend == "torch":
         return None
+    if backend == "triton" or q.is_cuda:
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
+        kt = _use_triton(backend, q, (q, k, v, g, beta), rule, state, grad, extra)
+        if kt is None:
+            return None
+        return kt.step(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, normalize=normalize, eps=eps,
+                       eps_mode=eps_mode, inplace=inplace)
     # Decode is all overhead at batch 1: the common case (CPU, float32, no autograd) is decided in a few checks.
     plain = (all(x is None for x in extra.values())
              and state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
