@@ -1,0 +1,318 @@
+"""``linattn mqar``: multi-query associative recall, trained on a CPU, next to the decode latency of each mixer.
+
+For each mixer (softmax attention, accumulate with elu+1 and with Taylor features, gated, delta, gated delta, a
+gated-delta/attention hybrid) a two-layer :class:`linattn.nn.CausalLM` is trained on MQAR
+(:mod:`linattn.tools.mqar_data`) within a step count and a time budget, then evaluated: exact-match recall by
+number of pairs and by write-to-query distance, and three controls -- the evidence moved at fixed total length
+(forgetting), overwritten keys (write rule), the whole model in bfloat16 (precision). Finally the decode latency
+per token at histories of 2K/8K/32K tokens is timed side by side for every mixer: the KV cache of attention layers
+holds that many random keys and values (contents do not change the time), the linear layers hold their fixed state.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import torch
+from tqdm import tqdm
+
+import linattn
+from linattn.nn import KVCache
+from linattn.tools.mqar_train import (
+    MIXER_SPECS,
+    TrainConfig,
+    config_dict,
+    evaluate,
+    state_floats,
+    train,
+)
+from linattn.tools.results import atomic_write, check_label, refuse_existing, write_result
+
+SCHEMA = "linattn.mqar/1"
+QUICK = {"vocab_size": 32, "seq_len": 32, "train_pairs": (2, 4), "steps": 120, "batch_size": 32,
+         "eval_pairs": (2, 4, 8), "eval_examples": 64, "histories": (512, 2048), "latency_repeats": 3}
+FULL = {"vocab_size": 64, "seq_len": 64, "train_pairs": (2, 4, 8), "steps": 800, "batch_size": 32,
+        "eval_pairs": (2, 4, 8, 12), "eval_examples": 256, "histories": (2048, 8192, 32768), "latency_repeats": 7}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _short_long(rows: list[dict[str, Any]], n: int) -> tuple[float | None, float | None]:
+    pick = {r["distance"]: r["accuracy"] for r in rows if r["num_pairs"] == n}
+    return pick.get("short"), pick.get("long")
+
+
+def controls(model, cfg: TrainConfig, *, n: int, examples: int) -> dict[str, Any]:
+    """Evidence moved at fixed total length ``2 * seq_len`` (fillers ``lead`` before the writes, ``gap`` after,
+    ``lead + gap`` fixed), overwritten keys (half the pairs rewritten; queries ask for the latest value), and the
+    model cast to bfloat16. Each: accuracy over all queries of ``n`` pairs."""
+    out: dict[str, Any] = {"num_pairs": n, "moved": [], "overwrites": None, "bfloat16": None}
+    filler = cfg.seq_len
+    for gap in (0, filler // 2, filler):
+        rows = evaluate(model, cfg, pairs=(n,), examples=examples, seq_len=cfg.seq_len + filler,
+                        lead=filler - gap, gap=gap, seed_offset=20_000)
+        out["moved"].append({"gap": gap, "total_len": cfg.seq_len + filler, "accuracy": rows[0]["accuracy"]})
+    rows = evaluate(model, cfg, pairs=(n,), examples=examples, overwrites=n // 2, seed_offset=30_000)
+    out["overwrites"] = {"overwritten": n // 2, "accuracy": rows[0]["accuracy"]}
+    bf = build_model_like(model, cfg)
+    rows = evaluate(bf, cfg, pairs=(n,), examples=examples, seed_offset=10_000)
+    out["bfloat16"] = {"accuracy": rows[0]["accuracy"]}
+    return out
+
+
+def build_model_like(model, cfg: TrainConfig):
+    """A bfloat16 copy of ``model`` (weights, activations and recurrent state all in bfloat16)."""
+    import copy
+
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def decode_latency(models: dict[str, Any], histories: tuple[int, ...], *, repeats: int, calls: int = 5,
+                   progress: bool = True) -> list[dict[str, Any]]:
+    """Median milliseconds per decoded token (batch 1) for every (mixer, history), interleaved so that every
+    mixer sees the same machine load; each timing is ``calls`` steps from the same cache (the history stays L)."""
+    caches = {}
+    for name, model in models.items():
+        _, base = model(torch.ones(1, 8, dtype=torch.int64))
+        for L in histories:
+            layer_caches = []
+            for block, c in zip(model.layers, base, strict=True):
+                if isinstance(c, KVCache):
+                    m = block.mixer
+                    gen = torch.Generator().manual_seed(L)
+                    c = KVCache(torch.randn(1, L, m.num_heads, m.head_dim, generator=gen),
+                                torch.randn(1, L, m.num_heads, m.head_dim, generator=gen))
+                layer_caches.append(c)
+            caches[(name, L)] = layer_caches
+    token = torch.ones(1, 1, dtype=torch.int64)
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in caches}
+    for key in caches:  # warm-up
+        models[key[0]](token, caches[key])
+    for _ in tqdm(range(repeats), desc="decode latency", disable=not progress, unit="round"):
+        for key, cache in caches.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                models[key[0]](token, cache)
+            times[key].append((time.perf_counter() - t0) / calls * 1e3)
+    rows = []
+    for (name, L), ts in times.items():
+        model = models[name]
+        kv_bytes = sum(c.k.numel() + c.v.numel() for c in caches[(name, L)] if isinstance(c, KVCache)) * 4
+        rows.append({"mixer": name, "history": L, "ms_per_token": round(statistics.median(ts), 4),
+                     "ms_min": round(min(ts), 4), "kv_cache_bytes": kv_bytes,
+                     "state_bytes": state_floats(model) * 4})
+    return rows
+
+
+def run(mixers: tuple[str, ...], cfg: TrainConfig, *, eval_pairs: tuple[int, ...], eval_examples: int,
+        histories: tuple[int, ...], latency_repeats: int, budget_s: float | None, checkpoint_dir: Path | None,
+        resume: bool, threads: int, with_controls: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Train, evaluate and time every mixer; returns the result document (schema ``mqar``)."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    load_before = os.getloadavg()
+    models, records = {}, []
+    for mixer in mixers:
+        ckpt = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{mixer}.safetensors"
+        model, info = train(mixer, cfg, checkpoint=ckpt, resume=resume, budget_s=budget_s, progress=progress)
+        rows = evaluate(model, cfg, pairs=eval_pairs, examples=eval_examples)
+        log = info.pop("log")
+        stride = max(1, len(log) // 100)
+        rec = {"mixer": mixer, "layers": list(model.mixers), "params": sum(p.numel() for p in model.parameters()),
+               "state_floats": state_floats(model), **info, "final_loss": log[-1][1] if log else None,
+               "loss_curve": log[::stride], "eval": rows,
+               "controls": controls(model, cfg, n=max(cfg.train_pairs), examples=eval_examples)
+               if with_controls else None}
+        records.append(rec)
+        models[mixer] = model
+        if progress:
+            acc = ", ".join(f"{r['num_pairs']}:{100 * r['accuracy']:.0f}%" for r in rows if r["distance"] == "all")
+            tqdm.write(f"{mixer}: {info['steps_done']} steps ({info['stop_reason']}), accuracy by pairs {acc}")
+    load_mid = os.getloadavg()
+    latency = decode_latency(models, histories, repeats=latency_repeats, progress=progress) if histories else []
+    n_table = max(cfg.train_pairs)
+    table = []
+    for rec in records:
+        short, long = _short_long(rec["eval"], n_table)
+        row = {"mixer": rec["mixer"], "num_pairs": n_table, "acc_short": short, "acc_long": long,
+               "acc_all": next(r["accuracy"] for r in rec["eval"] if r["num_pairs"] == n_table
+                               and r["distance"] == "all"),
+               "ms_per_token": {str(r["history"]): r["ms_per_token"] for r in latency if r["mixer"] == rec["mixer"]}}
+        table.append(row)
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": {**config_dict(cfg), "mixers": list(mixers), "eval_pairs": list(eval_pairs),
+                   "eval_examples": eval_examples, "histories": list(histories),
+                   "latency_repeats": latency_repeats, "budget_s": budget_s, "resume": resume,
+                   "short_distance": f"<= {cfg.seq_len // 4}", "long_distance": f"> {cfg.seq_len // 2}",
+                   "chance": "1/num_pairs if the model only knows that the answer is one of the stored values"},
+        "environment": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                        "torch": torch.__version__, "linattn": linattn.__version__,
+                        "python": platform.python_version(), "loadavg_before": list(load_before),
+                        "loadavg_before_latency": list(load_mid), "loadavg_after": list(os.getloadavg())},
+        "models": records,
+        "latency": latency,
+        "table": table,
+        "elapsed_s": round(time.perf_counter() - start, 2),
+    }
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    hs = doc["config"]["histories"]
+    n = doc["table"][0]["num_pairs"] if doc["table"] else 0
+
+    def pct(x):
+        return "   -" if x is None else f"{100 * x:4.0f}"
+
+    head = f"{'mixer':<20}{'state':>7}" + "".join(f"{f'ms@{h // 1024}K' if h >= 1024 else f'ms@{h}':>10}"
+                                                    for h in hs)
+    head += f"{'short%':>8}{'long%':>7}{'all%':>6}   (pairs = {n})"
+    lines = [head]
+    states = {r["mixer"]: r["state_floats"] for r in doc["models"]}
+    for row in doc["table"]:
+        ms = "".join(f"{row['ms_per_token'].get(str(h), float('nan')):>10.3f}" for h in hs)
+        lines.append(f"{row['mixer']:<20}{states[row['mixer']]:>7}{ms}{pct(row['acc_short']):>8}"
+                     f"{pct(row['acc_long']):>7}{pct(row['acc_all']):>6}")
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
+    """Four panels: training loss, accuracy vs pairs, accuracy vs distance, decode ms/token vs history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.6))
+    colors = dict(zip([m["mixer"] for m in doc["models"]], plt.cm.tab10.colors, strict=False))
+    n_table = doc["table"][0]["num_pairs"] if doc["table"] else None
+    for rec in doc["models"]:
+        c, name = colors[rec["mixer"]], rec["mixer"]
+        curve = np.array(rec["loss_curve"])
+        if curve.size:
+            axes[0].plot(curve[:, 0], curve[:, 1], color=c, label=name)
+        alls = [r for r in rec["eval"] if r["distance"] == "all"]
+        axes[1].plot([r["num_pairs"] for r in alls], [100 * r["accuracy"] for r in alls], "o-", color=c, label=name)
+        bins = [r for r in rec["eval"] if r["num_pairs"] == n_table and r["distance"] not in ("all", "short", "long")]
+        axes[2].plot(range(len(bins)), [100 * r["accuracy"] for r in bins], "o-", color=c, label=name)
+        axes[2].set_xticks(range(len(bins)), [r["distance"] for r in bins])
+        lat = [r for r in doc["latency"] if r["mixer"] == name]
+        if lat:
+            axes[3].plot([r["history"] for r in lat], [r["ms_per_token"] for r in lat], "o-", color=c, label=name)
+    cfg = doc["config"]
+    axes[0].set(title="training loss (query tokens)", xlabel="step", ylabel="cross-entropy", yscale="log")
+    pairs = sorted({r["num_pairs"] for m in doc["models"] for r in m["eval"]})
+    axes[1].plot(pairs, [100 / p for p in pairs], ":", color="black", label="chance (1/pairs)")
+    axes[1].set(title=f"exact recall vs pairs (trained on {cfg['train_pairs']}, T={cfg['seq_len']})",
+                xlabel="key-value pairs", ylabel="accuracy (%)", ylim=(-3, 103))
+    axes[2].set(title=f"exact recall vs write-to-query distance ({n_table} pairs)", xlabel="distance (tokens)",
+                ylabel="accuracy (%)", ylim=(-3, 103))
+    axes[3].set(title="decode latency per token (batch 1)", xlabel="history (tokens)", ylabel="ms / token",
+                xscale="log", yscale="log")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100), overwrite=overwrite)
+    finally:
+        plt.close(fig)
+
+
+def _ints(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = tuple(int(s) for s in value.split(",") if s.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return out
+
+
+def _mixers(ctx, param, value):
+    names = tuple(s.strip() for s in value.split(",") if s.strip())
+    bad = [n for n in names if n not in MIXER_SPECS]
+    if bad or not names:
+        raise click.BadParameter(f"unknown mixer(s) {bad}; expected some of {list(MIXER_SPECS)}")
+    return names
+
+
+@click.command(name="mqar")
+@click.option("--mixers", default=",".join(MIXER_SPECS), show_default=True, callback=_mixers)
+@click.option("--quick", is_flag=True, help="Tiny setting (T=32, 120 steps, histories 512/2048): minutes.")
+@click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="Default 64 (quick: 32).")
+@click.option("--seq-len", type=click.IntRange(min=8), default=None, help="Default 64 (quick: 32).")
+@click.option("--train-pairs", default=None, callback=_ints, help="Pairs per training batch, drawn per step.")
+@click.option("--eval-pairs", default=None, callback=_ints, help="Pairs evaluated.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps per model.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None)
+@click.option("--hidden-size", type=click.IntRange(min=8), default=64, show_default=True)
+@click.option("--num-layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Wall-clock training budget per model (stops early; --resume continues).")
+@click.option("--eval-examples", type=click.IntRange(min=1), default=None)
+@click.option("--histories", default=None, callback=_ints, help="Decode histories, default 2048,8192,32768.")
+@click.option("--no-controls", is_flag=True, help="Skip the moved-evidence, overwrite and bfloat16 evaluations.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
+              help="Save <mixer>.safetensors here (every 100 steps and at the end).")
+@click.option("--resume", is_flag=True, help="Continue from the checkpoints in --checkpoint-dir.")
+@click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
+@click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bars.")
+def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, batch_size, hidden_size, num_layers,
+            lr, budget_s, eval_examples, histories, no_controls, threads, seed, checkpoint_dir, resume, output,
+            plot_path, overwrite, no_progress) -> None:
+    """Multi-query associative recall trained per mixer, with decode latency at 2K/8K/32K."""
+    if resume and not checkpoint_dir:
+        raise click.BadParameter("--resume needs --checkpoint-dir", param_hint="--resume")
+    for path in (output, plot_path):
+        if path:
+            check_label(Path(path).stem, "--output/--plot file name")
+            try:
+                refuse_existing(path, overwrite=overwrite)
+            except FileExistsError as exc:
+                raise click.UsageError(str(exc)) from None
+    base = QUICK if quick else FULL
+    cfg = TrainConfig(vocab_size=vocab_size or base["vocab_size"], seq_len=seq_len or base["seq_len"],
+                      train_pairs=train_pairs or base["train_pairs"], steps=steps or base["steps"],
+                      batch_size=batch_size or base["batch_size"], hidden_size=hidden_size, num_layers=num_layers,
+                      lr=lr, seed=seed)
+    try:
+        doc = run(mixers, cfg, eval_pairs=eval_pairs or base["eval_pairs"],
+                  eval_examples=eval_examples or base["eval_examples"], histories=histories or base["histories"],
+                  latency_repeats=base["latency_repeats"], budget_s=budget_s, checkpoint_dir=checkpoint_dir,
+                  resume=resume, threads=threads, with_controls=not no_controls, progress=not no_progress)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    doc["config"]["quick"] = quick
+    click.echo(format_table(doc))
+    if output:
+        click.echo(f"wrote {write_result(doc, output, 'mqar', overwrite=overwrite)}")
+    if plot_path:
+        click.echo(f"wrote {plot(doc, plot_path, overwrite=overwrite)}")
+    click.echo(f"({doc['elapsed_s']:.1f} s)")
