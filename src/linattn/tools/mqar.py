@@ -39,7 +39,7 @@ from linattn.tools.results import atomic_write, check_label, refuse_existing, wr
 SCHEMA = "linattn.mqar/1"
 QUICK = {"vocab_size": 32, "seq_len": 32, "train_pairs": (2, 4), "steps": 120, "batch_size": 32,
          "eval_pairs": (2, 4, 8), "eval_examples": 64, "histories": (512, 2048), "latency_repeats": 3}
-FULL = {"vocab_size": 64, "seq_len": 64, "train_pairs": (2, 4, 8), "steps": 800, "batch_size": 32,
+FULL = {"vocab_size": 48, "seq_len": 48, "train_pairs": (2, 4, 8), "steps": 2500, "batch_size": 32,
         "eval_pairs": (2, 4, 8, 12), "eval_examples": 256, "histories": (2048, 8192, 32768), "latency_repeats": 7}
 
 
@@ -59,6 +59,12 @@ def _short_long(rows: list[dict[str, Any]], n: int) -> tuple[float | None, float
     return pick.get("short"), pick.get("long")
 
 
+def _control_pairs(cfg: TrainConfig) -> int:
+    """The most trained pairs that still fit with half of them overwritten: 2 (n + n // 2) + 2 n <= seq_len."""
+    fits = [n for n in cfg.train_pairs if 2 * (n + n // 2) + 2 * n <= cfg.seq_len]
+    return max(fits) if fits else min(cfg.train_pairs)
+
+
 def controls(model, cfg: TrainConfig, *, n: int, examples: int) -> dict[str, Any]:
     """Evidence moved at fixed total length ``2 * seq_len`` (fillers ``lead`` before the writes, ``gap`` after,
     ``lead + gap`` fixed), overwritten keys (half the pairs rewritten; queries ask for the latest value), and the
@@ -69,8 +75,11 @@ def controls(model, cfg: TrainConfig, *, n: int, examples: int) -> dict[str, Any
         rows = evaluate(model, cfg, pairs=(n,), examples=examples, seq_len=cfg.seq_len + filler,
                         lead=filler - gap, gap=gap, seed_offset=20_000)
         out["moved"].append({"gap": gap, "total_len": cfg.seq_len + filler, "accuracy": rows[0]["accuracy"]})
-    rows = evaluate(model, cfg, pairs=(n,), examples=examples, overwrites=n // 2, seed_offset=30_000)
-    out["overwrites"] = {"overwritten": n // 2, "accuracy": rows[0]["accuracy"]}
+    try:
+        rows = evaluate(model, cfg, pairs=(n,), examples=examples, overwrites=n // 2, seed_offset=30_000)
+        out["overwrites"] = {"overwritten": n // 2, "accuracy": rows[0]["accuracy"]}
+    except ValueError:  # no room in seq_len for the rewritten pairs
+        out["overwrites"] = None
     bf = build_model_like(model, cfg)
     rows = evaluate(bf, cfg, pairs=(n,), examples=examples, seed_offset=10_000)
     out["bfloat16"] = {"accuracy": rows[0]["accuracy"]}
@@ -139,7 +148,7 @@ def run(mixers: tuple[str, ...], cfg: TrainConfig, *, eval_pairs: tuple[int, ...
         rec = {"mixer": mixer, "layers": list(model.mixers), "params": sum(p.numel() for p in model.parameters()),
                "state_floats": state_floats(model), **info, "final_loss": log[-1][1] if log else None,
                "loss_curve": log[::stride], "eval": rows,
-               "controls": controls(model, cfg, n=max(cfg.train_pairs), examples=eval_examples)
+               "controls": controls(model, cfg, n=_control_pairs(cfg), examples=eval_examples)
                if with_controls else None}
         records.append(rec)
         models[mixer] = model
@@ -261,14 +270,17 @@ def _mixers(ctx, param, value):
 @click.command(name="mqar")
 @click.option("--mixers", default=",".join(MIXER_SPECS), show_default=True, callback=_mixers)
 @click.option("--quick", is_flag=True, help="Tiny setting (T=32, 120 steps, histories 512/2048): minutes.")
-@click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="Default 64 (quick: 32).")
-@click.option("--seq-len", type=click.IntRange(min=8), default=None, help="Default 64 (quick: 32).")
+@click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="Default 48 (quick: 32).")
+@click.option("--seq-len", type=click.IntRange(min=8), default=None, help="Default 48 (quick: 32).")
 @click.option("--train-pairs", default=None, callback=_ints, help="Pairs per training batch, drawn per step.")
 @click.option("--eval-pairs", default=None, callback=_ints, help="Pairs evaluated.")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Training steps per model.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None)
 @click.option("--hidden-size", type=click.IntRange(min=8), default=64, show_default=True)
 @click.option("--num-layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--num-heads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--head-dim", type=click.IntRange(min=2), default=16, show_default=True,
+              help="q/k/v width per head: the state of a linear layer is num_heads x head_dim x head_dim.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
 @click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Wall-clock training budget per model (stops early; --resume continues).")
@@ -285,6 +297,7 @@ def _mixers(ctx, param, value):
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bars.")
 def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, batch_size, hidden_size, num_layers,
+            num_heads, head_dim,
             lr, budget_s, eval_examples, histories, no_controls, threads, seed, checkpoint_dir, resume, output,
             plot_path, overwrite, no_progress) -> None:
     """Multi-query associative recall trained per mixer, with decode latency at 2K/8K/32K."""
@@ -301,6 +314,7 @@ def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, 
     cfg = TrainConfig(vocab_size=vocab_size or base["vocab_size"], seq_len=seq_len or base["seq_len"],
                       train_pairs=train_pairs or base["train_pairs"], steps=steps or base["steps"],
                       batch_size=batch_size or base["batch_size"], hidden_size=hidden_size, num_layers=num_layers,
+                      num_heads=num_heads, head_dim=head_dim,
                       lr=lr, seed=seed)
     try:
         doc = run(mixers, cfg, eval_pairs=eval_pairs or base["eval_pairs"],

@@ -25,12 +25,12 @@ from linattn.tools.mqar_data import IGNORE, generate
 from linattn.tools.results import atomic_write
 
 # name -> (per-layer mixers as a function of num_layers, LinearAttention kwargs, q/k head_dim override).
-# Equal state size: every linear mixer holds H x 32 x 32 per layer, except Taylor features, whose q/k width 5
-# gives 1 + 5 + 25 = 31 feature rows (the nearest to 32).
+# Equal state size: every linear mixer holds H x head_dim x head_dim per layer, except Taylor features, whose q/k
+# width is the largest q with 1 + q + q^2 <= head_dim (head_dim 32: q = 5, 31 feature rows).
 MIXER_SPECS: dict[str, dict[str, Any]] = {
     "attention": {"rule": "attention"},
     "accumulate-elu1": {"rule": "accumulate", "feature_map": "elu1"},
-    "accumulate-taylor2": {"rule": "accumulate", "feature_map": "taylor2", "qk_dim": 5},
+    "accumulate-taylor2": {"rule": "accumulate", "feature_map": "taylor2", "taylor": True},
     "gated": {"rule": "gated"},
     "delta": {"rule": "delta"},
     "gated_delta": {"rule": "gated_delta"},
@@ -56,6 +56,14 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def taylor_qk_dim(head_dim: int) -> int:
+    """The largest q/k width whose second-order Taylor features (1 + q + q^2) fit in ``head_dim`` rows."""
+    q = 1
+    while 1 + (q + 1) + (q + 1) ** 2 <= head_dim:
+        q += 1
+    return q
+
+
 def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
     """The CausalLM for ``mixer`` (a key of :data:`MIXER_SPECS`), initialized from ``cfg.seed``."""
     if mixer not in MIXER_SPECS:
@@ -67,8 +75,8 @@ def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
     if spec["rule"] != "attention":
         if "feature_map" in spec:
             kwargs["feature_map"] = spec["feature_map"]
-        if "qk_dim" in spec:
-            head_dim, kwargs["v_head_dim"] = spec["qk_dim"], cfg.head_dim
+        if spec.get("taylor"):
+            head_dim, kwargs["v_head_dim"] = taylor_qk_dim(cfg.head_dim), cfg.head_dim
     if spec.get("hybrid"):  # linear first, attention last (Qwen3-Next's order), 1:1 for two layers
         every = 2 if cfg.num_layers <= 4 else 4
         mixers: Any = ["attention" if (i + 1) % every == 0 else spec["rule"] for i in range(cfg.num_layers)]
