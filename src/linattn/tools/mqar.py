@@ -39,7 +39,7 @@ from linattn.tools.results import atomic_write, check_label, refuse_existing, wr
 SCHEMA = "linattn.mqar/1"
 QUICK = {"vocab_size": 32, "seq_len": 32, "train_pairs": (2, 4), "steps": 120, "batch_size": 32,
          "eval_pairs": (2, 4, 8), "eval_examples": 64, "histories": (512, 2048), "latency_repeats": 3}
-FULL = {"vocab_size": 48, "seq_len": 48, "train_pairs": (2, 4, 8), "steps": 2500, "batch_size": 32,
+FULL = {"vocab_size": 48, "seq_len": 48, "train_pairs": (2, 4, 8), "steps": 4000, "batch_size": 32,
         "eval_pairs": (2, 4, 8, 12), "eval_examples": 256, "histories": (2048, 8192, 32768), "latency_repeats": 7}
 
 
@@ -237,6 +237,9 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
                 ylabel="accuracy (%)", ylim=(-3, 103))
     axes[3].set(title="decode latency per token (batch 1)", xlabel="history (tokens)", ylabel="ms / token",
                 xscale="log", yscale="log")
+    hs = cfg["histories"]
+    axes[3].set_xticks(hs, [f"{h // 1024}K" if h >= 1024 else str(h) for h in hs])
+    axes[3].minorticks_off()
     for ax in axes:
         ax.grid(True, alpha=0.3)
     axes[1].legend(fontsize=8)
