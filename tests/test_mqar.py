@@ -125,3 +125,21 @@ def test_cli_writes_valid_json_and_plot(tmp_path):
     assert json.loads(out.read_text())["config"]["steps"] == 3
     again = CliRunner().invoke(mqar.command, args)  # never overwrites silently
     assert again.exit_code != 0 and "exists" in again.output
+
+
+def test_cli_resume_continues_from_checkpoints(tmp_path):
+    base = ["--mixers", "delta", "--vocab-size", "16", "--seq-len", "16", "--train-pairs", "2", "--eval-pairs", "2",
+            "--hidden-size", "16", "--eval-examples", "16", "--histories", "64", "--no-controls", "--no-progress",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "6"]
+    runner = CliRunner()
+    assert runner.invoke(mqar.command, [*base, "--resume"]).exit_code == 0  # no checkpoint yet: starts fresh
+    bad = runner.invoke(mqar.command, [*base[:-1], "7", "--resume"])  # other settings: refused, not mixed
+    assert bad.exit_code != 0 and "another configuration" in bad.output
+    out = tmp_path / "r.json"
+    res = runner.invoke(mqar.command, [*base, "--resume", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    rec = read_result(out, "mqar")["models"][0]
+    assert rec["steps_done"] == 6 and len(rec["loss_curve"]) == 6  # the log comes back from the checkpoint
+    no_dir = [a for a in base if a not in ("--checkpoint-dir", str(tmp_path / "ck"))]
+    res = runner.invoke(mqar.command, [*no_dir, "--resume"])
+    assert res.exit_code != 0 and "--checkpoint-dir" in res.output
