@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -17,21 +18,33 @@ def np64(x: torch.Tensor | None) -> np.ndarray | None:
 def reference_call(q, k, v, *, initial_state: State | None = None, feature_map=None, **kwargs):
     """The reference on the same inputs as ``linattn.linear_attention`` (torch-only arguments dropped).
 
-    A torch callable feature map is run in float64 on the reference's NumPy arrays.
+    A callable feature map must carry its NumPy twin (see :func:`numpy_twin`): the reference never runs torch code,
+    so a bug in a torch map cannot hide in the ground truth.
     """
     for name in ("form", "chunk_size", "output_final_state", "state_dtype"):
         kwargs.pop(name, None)
     if callable(feature_map):
-        torch_map = feature_map
-
-        def feature_map(x: np.ndarray) -> np.ndarray:
-            return torch_map(torch.from_numpy(x)).numpy()
+        twin = getattr(feature_map, "numpy_twin", None)
+        if twin is None:
+            raise TypeError(f"feature map {feature_map!r} has no NumPy twin; decorate it with @numpy_twin(...)")
+        feature_map = twin
 
     for name in ("g", "beta"):
         kwargs[name] = np64(kwargs.get(name))
     if initial_state is not None:
         kwargs["initial_S"], kwargs["initial_z"] = np64(initial_state.S), np64(initial_state.z)
     return reference.linear_attention(np64(q), np64(k), np64(v), feature_map=feature_map, **kwargs)
+
+
+def numpy_twin(numpy_map: Callable[[np.ndarray], np.ndarray]):
+    """Decorator: attach the float64 NumPy map (from :mod:`linattn.reference`) that the reference computes instead
+    of this torch callable."""
+
+    def attach(torch_map):
+        torch_map.numpy_twin = numpy_map
+        return torch_map
+
+    return attach
 
 
 def rel_err(actual, expected) -> float:

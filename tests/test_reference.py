@@ -267,3 +267,13 @@ def test_worked_example_token_by_token_step(rule):
                                 **{name: x[:, t] for name, x in kw.items()})
         outs.append(o.item())
     np.testing.assert_allclose(outs, expected, rtol=EXACT, atol=0)
+
+
+def test_numpy_twins_of_the_tests_callable_maps_match_torch():
+    """The callables test_forms passes as feature maps: their NumPy twins in the reference compute the same map."""
+    from test_forms import l2_map, softplus_map
+
+    x = torch.linspace(-60, 60, 4 * 7, dtype=torch.float64).reshape(4, 7)
+    for torch_map, numpy_map in ((softplus_map, reference.softplus), (l2_map, reference.l2_normalize)):
+        assert torch_map.numpy_twin is numpy_map
+        np.testing.assert_allclose(numpy_map(x.numpy()), torch_map(x).numpy(), rtol=1e-15, atol=1e-300)

@@ -169,6 +169,7 @@ def test_cli_writes_valid_json_and_png_and_refuses_overwrite(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert len(doc["records"]) == 4 and doc["reference"]["max_abs_diff_vs_numpy"]["accumulate"] < 1e-10
+    assert doc["reference"]["passed"] is True and ": PASS" in res.output.splitlines()[0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "accumulate" in res.output and "bfloat16" in res.output
     again = CliRunner().invoke(st.command, args)

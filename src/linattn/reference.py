@@ -121,6 +121,19 @@ FEATURE_MAPS: dict[str, NumpyFeatureMap] = {
     "relu1": relu1, "elu1": elu1, "identity": identity, "taylor2": taylor2, "l2": l2,
 }
 
+# Maps a user passes as callables (the tests use these two): NumPy twins, so that the reference computes them
+# without torch. They are not names of linattn's torch API.
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), written as logaddexp(0, x) so that it neither overflows nor rounds to 0."""
+    return np.logaddexp(0.0, x)
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    """x / |x| over the last axis (DeltaNet's unit-norm keys)."""
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
 
 def _resolve_feature_map(feature_map: str | NumpyFeatureMap | None) -> NumpyFeatureMap | None:
     if feature_map is None or callable(feature_map):
