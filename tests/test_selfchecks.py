@@ -18,6 +18,7 @@ import torch
 from click.testing import CliRunner
 
 import linattn
+from linattn import kernels
 from linattn.ops import accumulate, delta, gated, gated_delta
 from linattn.tools import bench, bench_plan, bench_report, perf
 from linattn.tools import perf_peers as pp
@@ -49,9 +50,18 @@ IDENTITY = {
 
 
 def test_bench_reference_check_rejects_a_wrong_decode_step(monkeypatch):
-    # The state path decodes with linattn.step, which calls the rule module's ``step``.
+    # The state path decodes with linattn.step: a compiled step (linattn.kernels.step) where one covers the call,
+    # else the rule module's ``step``. Both are made wrong.
     for mod in (accumulate, gated_delta):
         monkeypatch.setattr(mod, "step", shifted(mod.step, 1e-3))  # tolerance in float32: 1e-4
+    compiled = kernels.step
+
+    def wrong_compiled(backend, *, v, **kwargs):
+        v = v.clone()
+        v[..., 0] += 1e-3
+        return compiled(backend, v=v, **kwargs)
+
+    monkeypatch.setattr(kernels, "step", wrong_compiled)
     plan = bench_plan.Plan(sequence_lengths=(4, 8), query_heads=2, head_dim=4, warmup=1, repeats=2,
                            rules=("accumulate", "gated_delta"))
     doc = bench.run(plan, IDENTITY)
