@@ -410,7 +410,7 @@ def linear_attention(
             crosses a boundary; ``initial_state`` and the final state have N entries (a zero-length sequence passes
             its initial state through). See :mod:`linattn.packing`.
         backend: ``"auto"`` (default: a compiled kernel where it covers the call and was measured faster, else
-            the torch form: Triton for CUDA tensors, numba on CPU), ``"torch"`` (always the torch forms), ``"cpu"``
+            the torch form: numba on CPU; Triton only when forced), ``"torch"`` (always the torch forms), ``"cpu"``
             (the fused numba token loop: forward only, float32 state, CPU) or ``"triton"`` (the Triton kernels: CUDA,
             or CPU under ``TRITON_INTERPRET=1``). A forced backend that cannot run the call is a ``ValueError`` naming
             the reason. See :mod:`linattn.kernels`.

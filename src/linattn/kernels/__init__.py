@@ -3,7 +3,7 @@
 ``backend="torch"`` always runs the readable torch forms in :mod:`linattn.ops`. ``backend="cpu"`` runs the fused
 numba token loop (:mod:`linattn.kernels.cpu_numba`) and raises a ``ValueError`` for inputs it does not cover.
 ``backend="auto"`` (the default) takes a compiled kernel only where one covers the call and was measured faster
-(docs/perf.md), and the torch form otherwise: Triton for CUDA tensors (when triton is installed), numba on CPU.
+(docs/perf.md), and the torch form otherwise: numba on CPU; Triton only when forced, until a GPU run measures it.
 ``backend="triton"`` forces the Triton kernels (:mod:`linattn.kernels.triton`; CUDA, or CPU tensors under
 ``TRITON_INTERPRET=1``) and raises a ``ValueError`` naming the reason where they cannot run.
 
@@ -103,7 +103,7 @@ def _triton_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool |
 def _use_triton(backend: str, q: torch.Tensor, tensors: tuple, rule: str, state, grad, extra):
     """The Triton module when it should run this call, None for the other paths; a forced "triton" that cannot
     run is an error. "auto" asks Triton only for CUDA tensors."""
-    if backend != "triton" and not (backend == "auto" and q.is_cuda):
+    if backend != "triton":  # opt-in until a GPU run has measured the kernels (scripts/gpu_check.sh)
         return None
     kt, why = _triton_refusal(rule, tensors, state, grad, extra)
     if kt is None and backend == "triton":
