@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 import linattn
+from linattn import api
 from linattn.feature_maps import FeatureMap, resolve_feature_map
 from linattn.state import State
 
@@ -228,12 +229,10 @@ def linear_attention(
     else:  # the read of the incoming state, added to numerator and denominator alike, then the one division
         o = _add_incoming(o, S_in.to(dtype), qf, g, rule, scale, Dv)
         if normalize:
-            num, den = o[..., :-1], o[..., -1:]
-            o = num / (den.clamp_min(eps) if eps_mode == "clamp" else (den + eps if eps else den))
+            o = api._read(o, eps, eps_mode)  # the library's one eps convention
     final = None
     if output_final_state:
-        S_out = S_out.to(dtype)
-        final = State(S_out[..., :-1], S_out[..., -1]) if normalize else State(S_out)
+        final = api._split(S_out.to(dtype), normalize, rule, feature_map)  # records rule and feature map
     return o.to(v.dtype), final
 
 
