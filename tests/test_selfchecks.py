@@ -10,15 +10,18 @@ every rule (normalized or not) by about ``delta``, well above each tool's tolera
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
 import linattn
 from linattn import kernels
+from linattn.kernels import cpu_decode
 from linattn.ops import accumulate, delta, gated, gated_delta
 from linattn.tools import bench, bench_plan, bench_report, perf
 from linattn.tools import perf_peers as pp
@@ -50,8 +53,9 @@ IDENTITY = {
 
 
 def test_bench_reference_check_rejects_a_wrong_decode_step(monkeypatch):
-    # The state path decodes with linattn.step: a compiled step (linattn.kernels.step) where one covers the call,
-    # else the rule module's ``step``. Both are made wrong.
+    # The state path decodes with linattn.step: the one-call compiled decode (kernels/cpu_decode.py) for the plain
+    # case, a compiled step (linattn.kernels.step) where one covers the call, else the rule module's ``step``.
+    # All three are made wrong.
     for mod in (accumulate, gated_delta):
         monkeypatch.setattr(mod, "step", shifted(mod.step, 1e-3))  # tolerance in float32: 1e-4
     compiled = kernels.step
@@ -62,6 +66,17 @@ def test_bench_reference_check_rejects_a_wrong_decode_step(monkeypatch):
         return compiled(backend, v=v, **kwargs)
 
     monkeypatch.setattr(kernels, "step", wrong_compiled)
+    one_call = cpu_decode.decode
+
+    def wrong_one_call(*args):
+        status = one_call(*args)
+        o_address, B, HV, Dv = args[6], args[7], args[9], args[11]
+        o = torch.from_numpy(np.ctypeslib.as_array(ctypes.cast(o_address, ctypes.POINTER(ctypes.c_float)),
+                                                   (B, HV, Dv)))
+        o[..., 0] += 1e-3
+        return status
+
+    monkeypatch.setattr(cpu_decode, "decode", wrong_one_call)
     plan = bench_plan.Plan(sequence_lengths=(4, 8), query_heads=2, head_dim=4, warmup=1, repeats=2,
                            rules=("accumulate", "gated_delta"))
     doc = bench.run(plan, IDENTITY)

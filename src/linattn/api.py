@@ -519,6 +519,81 @@ def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budge
     return chunks * chunk_size
 
 
+def _plain_f32(x: object, shape: tuple[int, ...]) -> bool:
+    """``x`` is a plain float32, contiguous CPU tensor of ``shape``, outside autograd."""
+    return (type(x) is torch.Tensor and x.dtype is torch.float32 and x.shape == shape and x.is_cpu
+            and x.is_contiguous() and not x.requires_grad)
+
+
+def _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
+               backend) -> tuple[torch.Tensor, State] | None:
+    """The decode step of :func:`step` in one compiled call, or None when the call is not the plain case.
+
+    At batch 1 the checks and the torch ops around a step cost several times the step itself. So this proves,
+    with attribute reads only, that the call is valid and needs nothing the compiled kernel lacks: float32
+    contiguous CPU tensors outside autograd, a built-in elementwise or L2 feature map, a state linattn made for
+    this rule and map in its own layout. Anything else, and any bad gate value (the kernel checks them before
+    writing), goes through the full path, which gives the result or the error that names the argument.
+    """
+    kd = kernels.decode_kernel(backend)
+    named = feature_map is None or type(feature_map) is str
+    code = kd.FEATURE_CODES.get(feature_map) if kd is not None and named else None
+    if code is None or type(state) is not State or not (inplace is True or inplace is False):
+        return None
+    if normalize is None:
+        normalize = rule not in DELTA_RULES
+    elif not (normalize is False or (normalize is True and rule not in DELTA_RULES)):
+        return None  # not a bool, or a delta rule asked to normalize: the full path says why
+    if (state.rule != rule or rule not in RULES or state.normalized is not normalize
+            or state.feature_map != (feature_map or "identity") or state_dtype not in (None, torch.float32)):
+        return None
+    if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
+        return None
+    if type(q) is not torch.Tensor or q.dim() != 3 or type(v) is not torch.Tensor or v.dim() != 3:
+        return None
+    (B, Hq, D), (HV, Dv) = q.shape, v.shape[1:]
+    if min(B, Hq, D, Dv) == 0 or HV % Hq or not (_plain_f32(q, q.shape) and _plain_f32(k, q.shape)
+                                                 and _plain_f32(v, (B, HV, Dv))):
+        return None
+    if scale is None:
+        scale = D**-0.5
+    elif not (type(scale) is float and math.isfinite(scale)):
+        return None
+    gated, delta = rule in GATED_RULES, rule in DELTA_RULES
+    if gated != (g is not None) or delta != (beta is not None) or (gated and type(g) is not torch.Tensor):
+        return None
+    gate_width = 0 if not gated else 1 if g.dim() == 2 else D
+    if (gated and not _plain_f32(g, (B, HV) if gate_width == 1 else (B, HV, D))) or (delta and gate_width > 1):
+        return None  # (per-channel gates on a delta rule, as Kimi Delta Attention: the torch form)
+    if delta and not _plain_f32(beta, (B, HV)):
+        return None
+    S, z, Dw = state.S, state.z, Dv + normalize
+    if type(S) is not torch.Tensor or S.dtype is not torch.float32 or S.shape != (B, HV, D, Dv) or not S.is_cpu:
+        return None
+    if S.requires_grad or (not is_joint(S, z) or z.requires_grad if normalize else z is not None):
+        return None
+    if S.stride() != (HV * D * Dw, D * Dw, Dw, 1):
+        return None
+    if torch.get_num_threads() > 1 and B * HV * D * Dw >= kd.PARALLEL_MIN_WORK:
+        return None  # batch decode: the general path splits the heads over threads
+    if inplace:
+        if S.is_inference() and not torch.is_inference_mode_enabled():
+            return None
+        buf = S
+    else:
+        buf = (joint_view(S, z) if normalize else S).clone()
+    o = torch.empty(B, HV, Dv)
+    status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if g is None else g.data_ptr(),
+                       0 if beta is None else beta.data_ptr(), buf.data_ptr(), o.data_ptr(), B, Hq, HV, D, Dv, Dw,
+                       gate_width, code, scale, eps, eps_mode == "clamp", normalize, delta)
+    if status != kd.OK:
+        return None  # nothing was written; the full path raises the error that names the gate
+    if inplace:
+        return o, state
+    return o, State(buf[..., :Dv] if normalize else buf, buf[..., Dv] if normalize else None, rule=rule,
+                    feature_map=state.feature_map, normalized=normalize)
+
+
 def step(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -547,6 +622,10 @@ def step(
     one (no autograd through it); the state must then already be in the accumulation dtype.
     ``backend`` as in :func:`linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
     """
+    fast = _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype,
+                      inplace, backend)
+    if fast is not None:
+        return fast
     mod = _rule_module(rule)
     kernels.check_backend(backend)
     _check_qkv(q, k, v, 3)

@@ -111,6 +111,22 @@ def _use_triton(backend: str, q: torch.Tensor, tensors: tuple, rule: str, state,
     return kt
 
 
+_decode_module = None
+
+
+def decode_kernel(backend: str):
+    """:mod:`linattn.kernels.cpu_decode` when ``backend`` lets the decode step run compiled on the CPU, else None.
+
+    ``linattn.step`` asks this first and proves the rest (shapes, layouts, the state's record) itself; any call
+    that is not the plain case runs through :func:`step` below."""
+    global _decode_module
+    if backend == "cpu" or (backend == "auto" and "step" in AUTO_FORMS):
+        if _decode_module is None and _load_cpu() is not None:
+            _decode_module = importlib.import_module("linattn.kernels.cpu_decode")
+        return _decode_module
+    return None
+
+
 def _resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
     """True when the compiled kernel should run. A forced "cpu" that cannot take the call is an error."""
     if backend == "torch":

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -33,21 +32,15 @@ DEFAULT_LENGTHS = (512, 2048, 8192)
 MIB = 2**20
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return F.normalize(x, dim=-1)
-
-
-def _l2norm_np(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
-# Per rule: (feature-map name, torch map, NumPy twin for the reference). Normalized rules need positive features;
-# the delta rules write with unit keys so that beta in (0, 1) keeps the write stable (docs/mechanism.md §3).
+# Per rule: (feature-map name, map for linattn, map for the reference): the library's built-in maps, which the
+# reference knows by name. Normalized rules need positive features; the delta rules write with unit keys (the
+# "l2" map, as flash-linear-attention's use_qk_l2norm_in_kernel) so that beta in (0, 1) keeps the write stable
+# (docs/mechanism.md §3).
 FEATURES: dict[str, tuple[str, Any, Any]] = {
     "accumulate": ("relu1", "relu1", "relu1"),
     "gated": ("relu1", "relu1", "relu1"),
-    "delta": ("l2norm", _l2norm, _l2norm_np),
-    "gated_delta": ("l2norm", _l2norm, _l2norm_np),
+    "delta": ("l2", "l2", "l2"),
+    "gated_delta": ("l2", "l2", "l2"),
 }
 
 
