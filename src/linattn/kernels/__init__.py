@@ -216,6 +216,10 @@ def step(
         if not _resolve(backend, refusal, "step" in AUTO_FORMS):
             return None
     if not state.is_contiguous():
+        if inplace and backend == "cpu":
+            raise ValueError("backend='cpu' cannot run this call: it updates a contiguous state in place, and "
+                             "inplace=True was given a strided one; use backend='auto' or 'torch', or pass "
+                             "state.clone()")
         if inplace:
             return None  # the torch form updates a strided state where it lies
         state = state.contiguous()
