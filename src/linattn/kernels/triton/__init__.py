@@ -34,7 +34,7 @@ __all__ = [
 
 DELTA_RULES = ("delta", "gated_delta")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_MODULES = ("_common", "_chunk", "_delta", "_step", "_backward")
+_MODULES = ("_common", "_chunk", "_delta", "_step", "_backward", "_delta_backward")
 
 
 _LOADED: dict[str, ModuleType] = {}
@@ -84,11 +84,15 @@ class _TritonChunk(torch.autograd.Function):
     def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
         ctx.rule, ctx.chunk_size, ctx.scale = rule, chunk_size, scale
         kernels = _load()
-        if rule in ("delta", "gated_delta"):
-            fn = kernels["_delta"].chunk_delta
+        if rule in DELTA_RULES:
+            # With autograd, the forward also keeps (I + A)^{-1}, W, the chunk states and U' for the backward.
+            save = any(ctx.needs_input_grad[3:])
+            out = kernels["_delta"].chunk_delta(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size,
+                                                scale=scale, save=save)
+            o, S = out[:2]
+            ctx.delta_saved = out[2] if save else None
         else:
-            fn = kernels["_chunk"].chunk_linear
-        o, S = fn(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size, scale=scale)
+            o, S = kernels["_chunk"].chunk_linear(q, k, v, g=g, initial_state=s0, chunk_size=chunk_size, scale=scale)
         ctx.save_for_backward(q, k, v, g, beta, s0, S)
         return o, S
 
@@ -103,6 +107,12 @@ class _TritonChunk(torch.autograd.Function):
             grads = _load()["_backward"].chunk_linear_backward(
                 *saved[:4], saved[5], S_final, grad_o, grad_S, chunk_size=ctx.chunk_size, scale=ctx.scale
             )
+            return (None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
+        if ctx.rule in DELTA_RULES:
+            grads = _load()["_delta_backward"].chunk_delta_backward(
+                *saved, ctx.delta_saved, grad_o, grad_S, scale=ctx.scale
+            )
+            ctx.delta_saved = None
             return (None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
