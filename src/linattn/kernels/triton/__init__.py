@@ -161,11 +161,18 @@ def step_kernel(rule: str):
 
 
 # ------------------------------------------------------------------------------------------- dispatch entry points
-def refusal(q: torch.Tensor, state: torch.Tensor, key_dim: int) -> str | None:
-    """Why this backend cannot take a call with these inputs and this (augmented) state; None if it can."""
+def refusal(q: torch.Tensor, state: torch.Tensor, key_dim: int, chunk_size: int | None = None) -> str | None:
+    """Why this backend cannot take a call with these inputs, this (augmented) state and ``chunk_size`` (None: a
+    decode step); None if it can."""
     reason = unavailable_reason(q.device, q.dtype, key_dim)
     if reason is not None:
         return reason
+    if chunk_size is not None:
+        from linattn.kernels.triton._common import check_chunk_size
+
+        reason = check_chunk_size(chunk_size)
+        if reason is not None:
+            return reason
     want = torch.float64 if q.dtype == torch.float64 else torch.float32
     if state.dtype != want:
         return f"it carries the state in {want} for {q.dtype} inputs, got state dtype {state.dtype}"
