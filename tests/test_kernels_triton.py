@@ -349,10 +349,10 @@ def test_chunk_size_the_kernels_cannot_take_is_refused(tk, chunk_size):
     x = make("gated", "head", T=9, B=1, H=2)
     with pytest.raises(ValueError, match=f"chunk_size: .*16, 32, 64.*got {chunk_size}"):
         run_chunk(tk, "gated", x, torch.float64, chunk_size)
-    q = torch.randn(1, 9, 2, 4)
+    q = torch.randn(1, 9, 2, 4, device=DEVICE)
     with pytest.raises(ValueError, match=f"backend='triton'.*chunk_size: .*got {chunk_size}"):
-        linattn.linear_attention(q, q, q, rule="delta", beta=torch.rand(1, 9, 2), chunk_size=chunk_size,
-                                 backend="triton")
+        linattn.linear_attention(q, q, q, rule="delta", beta=torch.rand(1, 9, 2, device=DEVICE),
+                                 chunk_size=chunk_size, backend="triton")
 
 
 # ------------------------------------------------------------------------------------------- decode step

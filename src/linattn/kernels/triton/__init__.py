@@ -9,10 +9,11 @@
 
 Gradients: for accumulate and gated (per head or per key channel) the backward is three more runs of the Triton
 chunk forward kernel (``_backward.py``: dq as a forward pass, dk and dv as forward passes in reversed time, dg
-from them). For the delta rules there is no Triton backward yet: the backward recomputes the forward with the
-torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and differentiates that; the gradients are exact
-(those of the same function, to rounding), at the cost of a torch forward and backward. A decode step that needs
-gradients (not in place, an input requiring grad) runs the torch step itself.
+from them). For the delta rules it is two Triton kernels (``_delta_backward.py``): the chunks in reversed order for
+the state's gradient and the gradient of the true writes U', then every chunk at once for dq, dk, dv, dbeta and
+dg through the WY/UT algebra, from what the forward kept ((I + A)^{-1}, W, the chunk states, U'). Only
+accumulate and gated with a value width over 256 still recompute with the torch chunk form and differentiate it.
+A decode step that needs gradients (not in place, an input requiring grad) runs the torch step itself.
 
 Running on CPU tensors: only under Triton's interpreter, i.e. with ``TRITON_INTERPRET=1`` in the environment when
 these kernels are first loaded (Triton decides at decoration time). ``unavailable_reason`` says why the kernels
@@ -77,8 +78,8 @@ def _torch_rule(rule: str) -> ModuleType:
 
 
 class _TritonChunk(torch.autograd.Function):
-    """Forward: the Triton chunk kernel. Backward: Triton for accumulate and gated (``_backward``), else recompute
-    with the torch chunk form and differentiate it."""
+    """Forward: the Triton chunk kernel. Backward: Triton (``_backward`` for accumulate and gated, ``_delta_backward``
+    for the delta rules); accumulate and gated with Dv > 256 recompute with the torch chunk form instead."""
 
     @staticmethod
     def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
