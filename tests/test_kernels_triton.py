@@ -302,6 +302,28 @@ def test_delta_backward_from_one_output(tk, use_o, use_S):
     check_delta_grads(tk, "gated_delta", torch.float64, 16, "moderate", use_o=use_o, use_S=use_S, T=19, B=1)
 
 
+def test_delta_forward_keeps_buffers_only_when_recording_a_graph(tk, monkeypatch):
+    """Under torch.no_grad (inference, perf's forward timing) inputs that require grad must not make the forward
+    keep the backward's buffers; with a graph it keeps them, and the backward then runs."""
+    from linattn.kernels.triton import _delta
+
+    seen = []
+    real = _delta.chunk_delta
+
+    def spy(*a, save=False, **kw):
+        seen.append(save)
+        return real(*a, save=save, **kw)
+
+    monkeypatch.setattr(_delta, "chunk_delta", spy)
+    x = make("delta", None, T=17, B=1, H=1)
+    q, k, v, beta = (x[n].transpose(1, 2).to(DEVICE).requires_grad_() for n in ("q", "k", "v", "beta"))
+    with torch.no_grad():
+        tk.chunk_kernel("delta")(q, k, v, beta=beta, chunk_size=16)
+    o, _ = tk.chunk_kernel("delta")(q, k, v, beta=beta, chunk_size=16)
+    o.sum().backward()
+    assert seen == [False, True] and q.grad is not None and torch.isfinite(q.grad).all()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("chunk_size", [16, 64])

@@ -82,12 +82,13 @@ class _TritonChunk(torch.autograd.Function):
     for the delta rules); accumulate and gated with Dv > 256 recompute with the torch chunk form instead."""
 
     @staticmethod
-    def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
+    def forward(ctx, rule, chunk_size, scale, tracked, q, k, v, g, beta, s0):
         ctx.rule, ctx.chunk_size, ctx.scale = rule, chunk_size, scale
         kernels = _load()
         if rule in DELTA_RULES:
-            # With autograd, the forward also keeps (I + A)^{-1}, W, the chunk states and U' for the backward.
-            save = any(ctx.needs_input_grad[3:])
+            # Recording a graph, the forward also keeps (I + A)^{-1}, W, the chunk states and U' for the backward
+            # (``tracked``: decided by the caller, grad mode being off inside forward).
+            save = tracked
             out = kernels["_delta"].chunk_delta(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size,
                                                 scale=scale, save=save)
             o, S = out[:2]
@@ -100,7 +101,7 @@ class _TritonChunk(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o, grad_S):
         *saved, S_final = ctx.saved_tensors
-        need = ctx.needs_input_grad[3:]
+        need = ctx.needs_input_grad[4:]
         q, g = saved[0], saved[3]
         # The Triton backward runs the forward kernel with the values as keys: the value width must fit a block.
         v_fits = saved[2].shape[-1] <= _load()["_common"].MAX_DK
@@ -108,13 +109,13 @@ class _TritonChunk(torch.autograd.Function):
             grads = _load()["_backward"].chunk_linear_backward(
                 *saved[:4], saved[5], S_final, grad_o, grad_S, chunk_size=ctx.chunk_size, scale=ctx.scale
             )
-            return (None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
+            return (None, None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
         if ctx.rule in DELTA_RULES:
             grads = _load()["_delta_backward"].chunk_delta_backward(
                 *saved, ctx.delta_saved, grad_o, grad_S, scale=ctx.scale
             )
             ctx.delta_saved = None
-            return (None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
+            return (None, None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
             q, k, v, g, beta, s0 = leaves
@@ -128,14 +129,16 @@ class _TritonChunk(torch.autograd.Function):
             wrt = [x for x in leaves if x is not None and x.requires_grad]
             got = iter(torch.autograd.grad([x for x, _ in outs], wrt, [gx for _, gx in outs], allow_unused=True))
         grads = [next(got) if x is not None and x.requires_grad else None for x in leaves]
-        return (None, None, None, *grads)
+        return (None, None, None, None, *grads)
 
 
 def chunk_kernel(rule: str):
     """The Triton chunk forward of ``rule`` with the ``linattn.ops`` kernel contract (gradients as described above)."""
 
     def chunk(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=64, scale=1.0):
-        return _TritonChunk.apply(rule, chunk_size, scale, q, k, v, g, beta, initial_state)
+        inputs = (q, k, v, g, beta, initial_state)
+        tracked = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+        return _TritonChunk.apply(rule, chunk_size, scale, tracked, *inputs)
 
     chunk.__doc__ = f"Triton chunk forward of rule {rule!r} (linattn.ops kernel contract)."
     return chunk
