@@ -1,9 +1,9 @@
 """GPU measurements for issue 14 (run by scripts/gpu_check.sh on a CUDA machine; untested on hardware so far).
 
     python scripts/gpu_check.py decode --out DIR    # the experiment: one decode step, KV cache vs fixed state
-    python scripts/gpu_check.py chunk  --out DIR    # chunk forward / forward+backward against fla's Triton kernels
 
-Both write one JSON file under DIR (never overwriting) and print a table. Every candidate is timed alone with CUDA
+(The chunk kernels against fla's are ``linattn perf --device cuda``, linattn.tools.perf_cuda.) Writes one JSON file
+under DIR (never overwriting) and prints a table. Every candidate is timed alone with CUDA
 events around a batch of steps after a warmup (and per-step events for the median), peak device memory from
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. A candidate that fails is recorded with its
 error, never dropped or invented. Outputs are checked against a reference before they are timed.
@@ -12,7 +12,6 @@ error, never dropped or invented. Outputs are checked against a reference before
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import os
@@ -192,167 +191,13 @@ def state_rows(rule, rnd, gen, B, H, D, L, dt, args) -> list[dict]:
             for name, b in (("state_torch_ops", "torch"), ("state_triton_fused", "triton"))]
 
 
-# ------------------------------------------------------------------------------------------------ chunk
-def fla_fn(rule: str, per_channel: bool):
-    """fla's Triton chunk kernel for the rule, called in its [B, T, H, D] layout, unnormalized, scale given."""
-    if rule == "accumulate":
-        from fla.ops.linear_attn import chunk_linear_attn
-
-        return "fla.chunk_linear_attn", lambda q, k, v, g, b, s: chunk_linear_attn(q, k, v, scale=s, normalize=False)[0]
-    if rule == "gated" and per_channel:
-        from fla.ops.gla import chunk_gla
-
-        return "fla.chunk_gla", lambda q, k, v, g, b, s: chunk_gla(q, k, v, g, scale=s)[0]
-    if rule == "gated":
-        from fla.ops.simple_gla import chunk_simple_gla
-
-        return "fla.chunk_simple_gla", lambda q, k, v, g, b, s: chunk_simple_gla(q, k, v, g, scale=s)[0]
-    if rule == "delta":
-        from fla.ops.delta_rule import chunk_delta_rule
-
-        return "fla.chunk_delta_rule", lambda q, k, v, g, b, s: chunk_delta_rule(q, k, v, b, scale=s)[0]
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    return "fla.chunk_gated_delta_rule", lambda q, k, v, g, b, s: chunk_gated_delta_rule(q, k, v, g, b, scale=s)[0]
-
-
-def ours(rule: str):
-    kernel = lt.chunk_kernel(rule)
-
-    def run(q, k, v, g, b, s):  # [B, T, H, D] inputs, passed as [B, H, T, D] views (no copy), as linattn.api does
-        def hf(x):
-            return None if x is None else x.transpose(1, 2)
-
-        o, _ = kernel(hf(q), hf(k), hf(v), g=hf(g), beta=hf(b), initial_state=None, chunk_size=64, scale=s)
-        return o.transpose(1, 2)  # back to [B, T, H, Dv] (a view)
-
-    return run
-
-
-def chunk_inputs(rule, per_channel, B, T, H, D, dt, seed=0):
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen, device=DEV, dtype=torch.float32)
-
-    q, k, v = rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)
-    g = b = None
-    if rule in ("delta", "gated_delta"):
-        k = F.normalize(k, dim=-1)
-        b = torch.sigmoid(rnd(B, T, H))
-    if rule == "gated" and per_channel:
-        g = F.logsigmoid(rnd(B, T, H, D) + 3)
-    elif rule in ("gated", "gated_delta"):
-        g = F.logsigmoid(rnd(B, T, H) + 3)
-    return [None if x is None else x.to(dt).requires_grad_() for x in (q, k, v, g, b)]
-
-
-def rates() -> dict:
-    """The device's own rates: bfloat16 matmul TFLOP/s (8192^3) and copy bandwidth (1 GiB)."""
-    n = 8192 if DEV == "cuda" else 256
-    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    t = timed(lambda: a @ a, 3, 20)
-    x = torch.empty(2**29 if DEV == "cuda" else 2**20, device=DEV, dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    c = timed(lambda: y.copy_(x), 3, 20)
-    return {"bf16_matmul_tflops": 2 * n**3 / t["median_ms"] / 1e9,
-            "copy_gb_per_s": 2 * x.numel() * 2 / c["median_ms"] / 1e6}
-
-
-def chunk(args) -> None:
-    dt = torch.bfloat16
-    shapes = [(1, 8192, 96, 128), (2, 16384, 16, 128), (1, 8192, 8, 64)]  # fla's published shapes, the seed's
-    check_shape = (1, 1000, 8, 64)
-    if args.smoke:
-        shapes, check_shape = [(1, 40, 2, 16)], (1, 40, 2, 16)
-    variants = [("accumulate", False), ("gated", False), ("gated", True), ("delta", False), ("gated_delta", False)]
-    doc = {"kind": "linattn gpu chunk perf", "machine": machine(), "dtype": "bfloat16", "chunk_size": 64,
-           "rates": attempt(rates), "rows": [], "checks": []}
-    t_start = time.time()
-    # Correctness first, at the seed's shape (smaller T): both kernels against the torch chunk form in float64.
-    for rule, pc in variants:
-        def check(rule=rule, pc=pc):
-            B, T, H, D = check_shape
-            x = chunk_inputs(rule, pc, B, T, H, D, dt, seed=1)
-            x64 = [None if t is None else t.detach().double().transpose(1, 2) for t in x]
-            s = D ** -0.5
-            mod = importlib.import_module(f"linattn.ops.{rule}")
-            ref, _ = mod.FORMS["chunk"](*x64[:3], g=x64[3], beta=x64[4], chunk_size=64, scale=s,
-                                        initial_state=torch.zeros(B, H, D, D, dtype=torch.float64, device=DEV))
-            ref = ref.transpose(1, 2)
-            scale_ = float(ref.abs().max().clamp_min(1))
-
-            def err(fn):
-                with torch.no_grad():
-                    return {"max_rel_err": float((fn(*x, s).double() - ref).abs().max()) / scale_}
-
-            name, peer = fla_fn(rule, pc)
-            return {"rule": rule, "per_channel": pc, "reference": "linattn torch chunk form, float64, same inputs",
-                    "linattn.triton": attempt(lambda: err(ours(rule))), name: attempt(lambda: err(peer))}
-        doc["checks"].append(attempt(check))
-    for B, T, H, D in shapes:
-        attn = attempt(lambda B=B, T=T, H=H, D=D: sdpa_row(B, T, H, D, dt, args))
-        doc["rows"].append({"candidate": "torch.sdpa causal", "shape": [B, T, H, D], **attn})
-        for rule, pc in variants:
-            if time.time() - t_start > args.budget_s:
-                doc["rows"].append({"candidate": "*", "rule": rule, "shape": [B, T, H, D], "skipped": "time budget"})
-                continue
-            name, peer = fla_fn(rule, pc)
-            for cand, fn in (("linattn.triton", ours(rule)), (name, peer)):
-                def fwd(fn=fn, B=B, T=T, H=H, D=D, rule=rule, pc=pc):
-                    x = chunk_inputs(rule, pc, B, T, H, D, dt)
-                    with torch.no_grad():
-                        return timed(lambda: fn(*x, D ** -0.5), 2, args.repeats)
-
-                def fwd_bwd(fn=fn, B=B, T=T, H=H, D=D, rule=rule, pc=pc):
-                    x = chunk_inputs(rule, pc, B, T, H, D, dt)
-                    do = torch.randn(B, T, H, D, device=DEV, dtype=dt)
-
-                    def once():
-                        o = fn(*x, D ** -0.5)
-                        torch.autograd.grad(o, [t for t in x if t is not None], do)
-
-                    return timed(once, 2, max(3, args.repeats // 2))
-
-                row = {"candidate": cand, "rule": rule, "per_channel": pc, "shape": [B, T, H, D]}
-                doc["rows"].append({**row, "pass": "fwd", **attempt(fwd)})
-                doc["rows"].append({**row, "pass": "fwd+bwd", **attempt(fwd_bwd)})
-                torch.cuda.empty_cache()
-    print(json.dumps(doc["rates"]))
-    for c in doc["checks"]:
-        print(c)
-    for r in doc["rows"]:
-        if "fwd_median_ms" in r:
-            r["median_ms"], r["pass"] = r["fwd_median_ms"], f"fwd; fwd+bwd {r['fwd_bwd_median_ms']:.3f} ms"
-        print(f"{r['candidate']:28s} {r.get('rule', ''):12s} {str(r.get('per_channel', '')):5s} {str(r['shape']):22s} "
-              f"{r.get('pass', ''):8s} {r.get('median_ms', float('nan')):9.3f} ms {r.get('peak_extra_bytes', -1):>12} "
-              f"{r.get('error', r.get('skipped', ''))}")
-    print("wrote", write(args.out, "chunk_cuda.json", doc))
-
-
-def sdpa_row(B, T, H, D, dt, args) -> dict:
-    q, k, v = (torch.randn(B, H, T, D, device=DEV, dtype=dt, requires_grad=True) for _ in range(3))
-    with torch.no_grad():
-        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 2, args.repeats)
-    do = torch.randn_like(q)
-
-    def once():
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        torch.autograd.grad(o, [q, k, v], do)
-
-    both = timed(once, 2, max(3, args.repeats // 2))
-    return {"fwd_median_ms": fwd["median_ms"], "fwd_bwd_median_ms": both["median_ms"],
-            "fwd_peak_extra_bytes": fwd["peak_extra_bytes"], "fwd_bwd_peak_extra_bytes": both["peak_extra_bytes"]}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["decode", "chunk"])
+    p.add_argument("what", choices=["decode"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048, 8192])
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeats", type=int, default=100)
-    p.add_argument("--budget-s", type=float, default=240.0, help="chunk: stop starting new shapes after this")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET=1 (no GPU)")
     args = p.parse_args()
     global DEV
@@ -365,9 +210,7 @@ def main() -> None:
         raise SystemExit("no CUDA device visible to torch")
     elif os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("TRITON_INTERPRET=1 is set: unset it to time compiled kernels")
-    if args.what == "chunk" and args.repeats == 100 and not args.smoke:
-        args.repeats = 10  # whole-sequence calls: 10 timed calls each is plenty
-    (decode if args.what == "decode" else chunk)(args)
+    decode(args)
 
 
 if __name__ == "__main__":

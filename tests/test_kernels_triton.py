@@ -149,8 +149,9 @@ def grads_of(fn, leaves, weights):
 
 @pytest.mark.parametrize("rule,kind", VARIANTS, ids=IDS)
 def test_chunk_gradients_match_token_loop(tk, rule, kind):
-    """Gradients through the Triton chunk forward (its backward recomputes with the torch chunk form) equal the
-    float64 token loop's, for q, k, v, g, beta and the initial state; the forward matches the reference too."""
+    """Gradients through the Triton chunk kernels (backward: _backward.py for accumulate and gated, _delta_backward.py
+    for the delta rules) equal the float64 token loop's, for q, k, v, g, beta and the initial state; the forward
+    matches the reference too."""
     from linattn.ops import gated, gated_delta
 
     x = make(rule, kind, T=19, gates="moderate")
@@ -177,7 +178,7 @@ def test_chunk_gradients_match_token_loop(tk, rule, kind):
         assert rel_err(a, np64(b)) <= 1e-10, name
 
 
-# The delta rules' backward is the torch chunk form's own, so float32 adds little there: slow.
+# The delta rules in float32 through resets: slow (the fast subset above has float32 and resets separately).
 RESET_GRAD_CASES = [
     pytest.param(r, k, d, id=f"{i}-{n}", marks=[pytest.mark.slow] if r.endswith("delta") and n == "f32" else [])
     for (r, k), i in zip(VARIANTS, IDS, strict=True) for d, n in ((torch.float64, "f64"), (torch.float32, "f32"))
@@ -230,6 +231,150 @@ def test_chunk_gradient_without_initial_state_and_partial_outputs(tk, rule, kind
     o2, _ = loop(q, k, v2, g=g, beta=beta, initial_state=S0)
     (gv2,) = torch.autograd.grad(o2.square().sum(), [v2])
     assert rel_err(gv, np64(gv2)) <= 1e-10
+
+
+# ------------------------------------------------------------------------------------------- delta backward
+def delta_grads(tk, rule, x, dtype, chunk_size, *, use_o=True, use_S=True):
+    """Gradients of (o * Wo).sum() + (S * WS).sum() through the Triton delta kernels (inputs rounded to ``dtype``)
+    and through the float64 token loop on the same rounded values, in the order q, k, v, g, beta, S0."""
+    from linattn.ops import gated_delta
+
+    names = [n for n in ("q", "k", "v", "g", "beta", "S0") if x[n] is not None]
+    shape_o = x["v"].transpose(1, 2).shape
+    B, H, _, Dv = shape_o
+    gen = torch.Generator().manual_seed(11)
+    w_o = torch.randn(*shape_o, generator=gen, dtype=torch.float64) if use_o else None
+    w_S = torch.randn(B, H, x["q"].shape[-1], Dv, generator=gen, dtype=torch.float64) if use_S else None
+
+    def leaves(dt):
+        return {n: (x[n] if n == "S0" else x[n].transpose(1, 2)).to(dt).to(DEVICE).contiguous().requires_grad_()
+                for n in names}
+
+    def loss(o, S):
+        return sum((a.double() * w.to(DEVICE)).sum() for a, w in ((o, w_o), (S, w_S)) if w is not None)
+
+    ours = leaves(dtype)
+    o, S = tk.chunk_kernel(rule)(ours["q"], ours["k"], ours["v"], g=ours.get("g"), beta=ours["beta"],
+                                 initial_state=ours.get("S0"), chunk_size=chunk_size, scale=0.7)
+    got = torch.autograd.grad(loss(o, S), [ours[n] for n in names])
+    # Without o in the loss the loop leaves q out of the graph: its gradient is 0.
+    ref = leaves(torch.float64)
+    S0 = ref.get("S0")
+    if S0 is None:
+        S0 = torch.zeros(B, H, x["q"].shape[-1], Dv, dtype=torch.float64, device=DEVICE)
+    o2, S2 = gated_delta.recurrent(ref["q"], ref["k"], ref["v"], g=ref.get("g"), beta=ref["beta"], initial_state=S0,
+                                   scale=0.7)
+    want = torch.autograd.grad(loss(o2, S2), [ref[n] for n in names], allow_unused=True)
+    want = [torch.zeros_like(ref[n]) if w is None else w for n, w in zip(names, want, strict=True)]
+    return names, got, want
+
+
+def check_delta_grads(tk, rule, dtype, chunk_size=16, gates="moderate", use_o=True, use_S=True, **shape):
+    x = make(rule, "head" if rule == "gated_delta" else None, gates=gates, dtype=dtype, **shape)
+    names, got, want = delta_grads(tk, rule, x, dtype, chunk_size, use_o=use_o, use_S=use_S)
+    for name, a, b in zip(names, got, want, strict=True):
+        assert a.dtype == dtype and torch.isfinite(a).all(), name
+        assert rel_err(a, np64(b)) <= TOL[dtype], f"{rule} d{name} {dtype}: {rel_err(a, np64(b))}"
+
+
+# The fixed fast subset: each rule in float64 and a half dtype, gates near 0 and near 1, with and without an
+# initial state, chunks of 16 and 32, T never a multiple of the chunk.
+DELTA_GRAD_FAST = [
+    pytest.param("delta", torch.float64, 16, "moderate", {"T": 37}, id="delta-f64"),
+    pytest.param("gated_delta", torch.float64, 16, "near_zero", {"T": 29}, id="gdn-f64-near_zero"),
+    pytest.param("gated_delta", torch.float64, 32, "near_one", {"T": 45, "initial": False}, id="gdn-f64-near_one-c32"),
+    pytest.param("gated_delta", torch.float32, 16, "wide", {"T": 23, "B": 1, "H": 2}, id="gdn-f32"),
+    pytest.param("delta", torch.bfloat16, 16, "moderate", {"T": 21, "initial": False}, id="delta-bf16"),
+    pytest.param("gated_delta", torch.bfloat16, 16, "moderate", {"T": 21}, id="gdn-bf16"),
+]
+
+
+@pytest.mark.parametrize("rule,dtype,chunk_size,gates,shape", DELTA_GRAD_FAST)
+def test_delta_backward_matches_float64_autograd(tk, rule, dtype, chunk_size, gates, shape):
+    """The Triton backward of the delta rules (_delta_backward) against float64 autograd through the token loop on
+    the same rounded inputs: dq, dk, dv, dg, dbeta and the initial state's gradient, from o and the final state."""
+    check_delta_grads(tk, rule, dtype, chunk_size, gates, **shape)
+
+
+@pytest.mark.parametrize("use_o,use_S", [(False, True), (True, False)], ids=["final-state-only", "output-only"])
+def test_delta_backward_from_one_output(tk, use_o, use_S):
+    """Only the final state (or only o) feeds the loss: the other gradient is None in the backward."""
+    check_delta_grads(tk, "gated_delta", torch.float64, 16, "moderate", use_o=use_o, use_S=use_S, T=19, B=1)
+
+
+def test_delta_forward_keeps_buffers_only_when_recording_a_graph(tk, monkeypatch):
+    """Under torch.no_grad (inference, perf's forward timing) inputs that require grad must not make the forward
+    keep the backward's buffers; with a graph it keeps them, and the backward then runs."""
+    from linattn.kernels.triton import _delta
+
+    seen = []
+    real = _delta.chunk_delta
+
+    def spy(*a, save=False, **kw):
+        seen.append(save)
+        return real(*a, save=save, **kw)
+
+    monkeypatch.setattr(_delta, "chunk_delta", spy)
+    x = make("delta", None, T=17, B=1, H=1)
+    q, k, v, beta = (x[n].transpose(1, 2).to(DEVICE).requires_grad_() for n in ("q", "k", "v", "beta"))
+    with torch.no_grad():
+        tk.chunk_kernel("delta")(q, k, v, beta=beta, chunk_size=16)
+    o, _ = tk.chunk_kernel("delta")(q, k, v, beta=beta, chunk_size=16)
+    o.sum().backward()
+    assert seen == [False, True] and q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("chunk_size", [16, 64])
+@pytest.mark.parametrize("rule", ["delta", "gated_delta"])
+def test_delta_backward_wide_sweep(tk, rule, chunk_size, dtype):
+    """Two value blocks (Dv = 70), Dk = 33 (a 64-wide masked key block), T = 150, B*H = 4."""
+    check_delta_grads(tk, rule, dtype, chunk_size, "wide", B=2, H=2, T=150, Dk=33, Dv=70, seed=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gates", ["near_zero", "near_one", "resets"])
+def test_delta_backward_extreme_gates_float32(tk, gates):
+    if gates == "resets":  # against the token loop through -inf: the floored gates' gradients are 0
+        x = make("gated_delta", "head", gates="resets", T=29, dtype=torch.float32)
+        names, got, _ = delta_grads(tk, "gated_delta", x, torch.float32, 16)
+        dg = got[names.index("g")]
+        assert (dg[:, :, 7] == 0).all() and (dg[:, :, 21] == 0).all() and all(torch.isfinite(a).all() for a in got)
+    else:
+        check_delta_grads(tk, "gated_delta", torch.float32, 16, gates, T=40)
+
+
+# ------------------------------------------------------------------------------------------- chunk_size
+@pytest.mark.parametrize("chunk_size", [32, 64])
+def test_chunk_size_is_honoured(tk, chunk_size):
+    """The delta kernels run chunks of exactly chunk_size tokens (the saved inverse is [T, chunk_size]) and match
+    the reference; the linear kernel too."""
+    from linattn.kernels.triton import _delta
+
+    x = make("gated_delta", "head", T=70, B=1, H=2)
+    o, S, saved = _delta.chunk_delta(*(heads_first(x[n], torch.float64) for n in ("q", "k", "v")),
+                                     g=heads_first(x["g"], torch.float64), beta=heads_first(x["beta"], torch.float64),
+                                     initial_state=x["S0"].to(DEVICE), chunk_size=chunk_size, scale=0.7, save=True)
+    assert saved.BT == chunk_size and saved.ai.shape[-1] == chunk_size and saved.h.shape[2] == -(-70 // chunk_size)
+    o_ref, S_ref = ref("gated_delta", x)
+    assert rel_err(o.transpose(1, 2), o_ref) <= 1e-10 and rel_err(S, S_ref) <= 1e-10
+    check_chunk(tk, "gated", "head", torch.float64, chunk_size, T=70, B=1, H=2)
+
+
+@pytest.mark.parametrize("chunk_size", [8, 48, 128, 100])
+def test_chunk_size_the_kernels_cannot_take_is_refused(tk, chunk_size):
+    """A chunk_size the kernels cannot run is a ValueError naming chunk_size, at the kernel and through the API
+    (backend='triton'), never a silent rounding."""
+    import linattn
+
+    x = make("gated", "head", T=9, B=1, H=2)
+    with pytest.raises(ValueError, match=f"chunk_size: .*16, 32, 64.*got {chunk_size}"):
+        run_chunk(tk, "gated", x, torch.float64, chunk_size)
+    q = torch.randn(1, 9, 2, 4, device=DEVICE)
+    with pytest.raises(ValueError, match=f"backend='triton'.*chunk_size: .*got {chunk_size}"):
+        linattn.linear_attention(q, q, q, rule="delta", beta=torch.rand(1, 9, 2, device=DEVICE),
+                                 chunk_size=chunk_size, backend="triton")
 
 
 # ------------------------------------------------------------------------------------------- decode step

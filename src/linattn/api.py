@@ -459,7 +459,8 @@ def linear_attention(
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
     fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S, fmap=fmap,
-                                    scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode, grad=grad)
+                                    scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode, grad=grad,
+                                    chunk_size=chunk_size)
     if fast is not None:
         return fast[0], (_split(fast[1], normalize, rule, feature_map) if output_final_state else None)
     out = None if grad else torch.empty(B, T, H, Dv, dtype=v.dtype, device=v.device)

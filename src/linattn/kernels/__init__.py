@@ -79,9 +79,11 @@ def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, ext
     return None
 
 
-def _triton_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool | None, extra: dict | None):
+def _triton_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool | None, extra: dict | None,
+                    chunk_size: int | None = None):
     """(Triton module, None) when the Triton kernels can take this call, else (None, why). ``grad`` None: autograd
-    is fine (the chunk kernels have a backward); True: refused (the decode step has none)."""
+    is fine (the chunk kernels have a backward); True: refused (the decode step has none). ``chunk_size``: the
+    whole-sequence call's (None for a decode step)."""
     q, _, v, g, _ = tensors
     unknown = [name for name, x in (extra or {}).items() if x is not None]
     if unknown:
@@ -96,16 +98,16 @@ def _triton_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool |
         kt = importlib.import_module("linattn.kernels.triton")
     except Exception as exc:  # triton missing or failing to load
         return None, f"triton is unavailable ({type(exc).__name__}: {exc})"
-    why = kt.refusal(q, state, state.shape[-2])
+    why = kt.refusal(q, state, state.shape[-2], chunk_size)
     return (kt, None) if why is None else (None, why)
 
 
-def _use_triton(backend: str, q: torch.Tensor, tensors: tuple, rule: str, state, grad, extra):
+def _use_triton(backend: str, q: torch.Tensor, tensors: tuple, rule: str, state, grad, extra, chunk_size=None):
     """The Triton module when it should run this call, None for the other paths; a forced "triton" that cannot
     run is an error. "auto" asks Triton only for CUDA tensors."""
     if backend != "triton":  # opt-in until a GPU run has measured the kernels (scripts/gpu_check.sh)
         return None
-    kt, why = _triton_refusal(rule, tensors, state, grad, extra)
+    kt, why = _triton_refusal(rule, tensors, state, grad, extra, chunk_size)
     if kt is None and backend == "triton":
         raise ValueError(f"backend='triton' cannot run this call: {why}; use backend='auto' or 'torch'")
     return kt
@@ -154,19 +156,21 @@ def _f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
 def linear_attention(
     backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, fmap: Callable | None,
-    scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool, **extra: object,
+    scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool, chunk_size: int = 64,
+    **extra: object,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Whole sequence on a compiled backend, or None for the torch forms.
+    """Whole sequence on a compiled backend, or None for the torch forms (``chunk_size``: the Triton chunk
+    kernels take 16, 32 or 64; the CPU token loop has no chunks).
 
     Inputs as validated by :func:`linattn.linear_attention` (public layout ``[B, T, H, D]``, before the feature
     map); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the normalizer as last column), not modified.
     ``extra``: any further argument of the public call (e.g. ``cu_seqlens``); a compiled kernel runs only when all
     of them are None. Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the augmented layout.
     """
-    kt = _use_triton(backend, q, (q, k, v, g, beta), rule, state, None, extra)
+    kt = _use_triton(backend, q, (q, k, v, g, beta), rule, state, None, extra, chunk_size)
     if kt is not None:
         return kt.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap, scale=scale,
-                                   normalize=normalize, eps=eps, eps_mode=eps_mode)
+                                   normalize=normalize, eps=eps, eps_mode=eps_mode, chunk_size=chunk_size)
     if backend == "triton" or q.is_cuda:
         return None
     refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)

@@ -415,14 +415,27 @@ def peer_warning(cases: list[Case]) -> str | None:
 @click.option("--max-call-s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Skip a case projected (from a shorter T) to take longer than this per call (default 8 s).")
 @click.option("--no-memory", is_flag=True, help="Skip the peak-memory pass (one profiled call per case).")
-@click.option("--list", "list_only", is_flag=True, help="Print the case names and exit.")
+@click.option("--list", "list_only", is_flag=True, help="Print the case names and exit (with --device cuda: a dry "
+              "run that needs no GPU, with each case's FLOPs and the time budget).")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--markdown files.")
-def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memory, list_only, overwrite) -> None:
-    """CPU kernel benchmark: linattn vs flash-linear-attention / HF pure-torch peers and softmax, one run."""
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: linattn's Triton chunk kernels against flash-linear-attention's Triton kernels and SDPA "
+                   "on the GPU (linattn.tools.perf_cuda).")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Cases not started within this many seconds are skipped (default 540 on cpu, 200 on cuda).")
+def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memory, list_only, overwrite, device,
+            budget_s) -> None:
+    """Kernel benchmark: linattn vs its peers and softmax, next to the machine's own rates, in one run. CPU by
+    default (flash-linear-attention / HF pure-torch peers); --device cuda times the Triton kernels on a GPU."""
+    patterns = tuple(p.strip() for arg in only for p in arg.split(",") if p.strip())
+    if device == "cuda":
+        _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s)
+        return
     cfg = QUICK if quick else FULL
+    if budget_s is not None:
+        cfg = replace(cfg, budget_s=budget_s)
     changes = {k: v for k, v in (("repeats", repeats), ("max_call_s", max_call_s)) if v is not None}
     cfg = replace(cfg, memory=not no_memory, **changes)
-    patterns = tuple(p.strip() for arg in only for p in arg.split(",") if p.strip())
     try:
         cases = select(build_cases(cfg), patterns)
     except ValueError as exc:
@@ -442,6 +455,43 @@ def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memo
     if output:
         cli_files.write("--output", lambda p, overwrite: write_result(doc, p, "perf", overwrite=overwrite), output,
                         overwrite=overwrite)
+    if markdown:
+        cli_files.write("--markdown", lambda p, overwrite: atomic_write(
+            p, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite), markdown, overwrite=overwrite)
+
+
+def _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s) -> None:
+    """``--device cuda``: plan (``--list`` needs no GPU), refuse clearly without one, measure, write."""
+    from linattn.tools import perf_cuda as pc
+    from linattn.tools.perf_cuda_report import render_markdown
+
+    cfg = pc.QUICK if quick else pc.FULL
+    changes = {k: v for k, v in (("repeats", repeats), ("max_call_s", max_call_s), ("budget_s", budget_s))
+               if v is not None}
+    cfg = replace(cfg, **changes)
+    try:
+        cases = select(pc.plan(cfg), patterns)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).removeprefix("only: "), param_hint="--only") from None
+    if list_only:
+        for c in cases:
+            click.echo(f"{c.name}  {c.flops / 1e9:.1f} GFLOP")
+        est = pc.estimate(cases, cfg)
+        click.echo(f"{len(cases)} cases; timed calls take about {est['timed_calls_s']:.1f} s at an assumed "
+                   f"{est['assumed_tflops']:g} TFLOP/s, plus compilation and fla's autotuning; no case starts "
+                   f"after {cfg.budget_s:g} s")
+        return
+    try:
+        pc.require_cuda()
+    except pc.NoCudaDevice as exc:
+        raise click.ClickException(str(exc)) from None
+    cli_files.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
+    doc = pc.run(cfg, only=patterns, progress=lambda name: click.echo(f"  {name}", err=True))
+    text = render_markdown(doc)
+    click.echo(text)
+    if output:
+        cli_files.write("--output", lambda p, overwrite: write_result(doc, p, "perf_cuda", overwrite=overwrite),
+                        output, overwrite=overwrite)
     if markdown:
         cli_files.write("--markdown", lambda p, overwrite: atomic_write(
             p, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite), markdown, overwrite=overwrite)

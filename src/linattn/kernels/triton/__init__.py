@@ -9,10 +9,11 @@
 
 Gradients: for accumulate and gated (per head or per key channel) the backward is three more runs of the Triton
 chunk forward kernel (``_backward.py``: dq as a forward pass, dk and dv as forward passes in reversed time, dg
-from them). For the delta rules there is no Triton backward yet: the backward recomputes the forward with the
-torch chunk form of the same rule (``linattn.ops.<rule>.chunk``) and differentiates that; the gradients are exact
-(those of the same function, to rounding), at the cost of a torch forward and backward. A decode step that needs
-gradients (not in place, an input requiring grad) runs the torch step itself.
+from them). For the delta rules it is two Triton kernels (``_delta_backward.py``): the chunks in reversed order for
+the state's gradient and the gradient of the true writes U', then every chunk at once for dq, dk, dv, dbeta and
+dg through the WY/UT algebra, from what the forward kept ((I + A)^{-1}, W, the chunk states, U'). Only
+accumulate and gated with a value width over 256 still recompute with the torch chunk form and differentiate it.
+A decode step that needs gradients (not in place, an input requiring grad) runs the torch step itself.
 
 Running on CPU tensors: only under Triton's interpreter, i.e. with ``TRITON_INTERPRET=1`` in the environment when
 these kernels are first loaded (Triton decides at decoration time). ``unavailable_reason`` says why the kernels
@@ -34,7 +35,7 @@ __all__ = [
 
 DELTA_RULES = ("delta", "gated_delta")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_MODULES = ("_common", "_chunk", "_delta", "_step", "_backward")
+_MODULES = ("_common", "_chunk", "_delta", "_step", "_backward", "_delta_backward")
 
 
 _LOADED: dict[str, ModuleType] = {}
@@ -77,25 +78,30 @@ def _torch_rule(rule: str) -> ModuleType:
 
 
 class _TritonChunk(torch.autograd.Function):
-    """Forward: the Triton chunk kernel. Backward: Triton for accumulate and gated (``_backward``), else recompute
-    with the torch chunk form and differentiate it."""
+    """Forward: the Triton chunk kernel. Backward: Triton (``_backward`` for accumulate and gated, ``_delta_backward``
+    for the delta rules); accumulate and gated with Dv > 256 recompute with the torch chunk form instead."""
 
     @staticmethod
-    def forward(ctx, rule, chunk_size, scale, q, k, v, g, beta, s0):
+    def forward(ctx, rule, chunk_size, scale, tracked, q, k, v, g, beta, s0):
         ctx.rule, ctx.chunk_size, ctx.scale = rule, chunk_size, scale
         kernels = _load()
-        if rule in ("delta", "gated_delta"):
-            fn = kernels["_delta"].chunk_delta
+        if rule in DELTA_RULES:
+            # Recording a graph, the forward also keeps (I + A)^{-1}, W, the chunk states and U' for the backward
+            # (``tracked``: decided by the caller, grad mode being off inside forward).
+            save = tracked
+            out = kernels["_delta"].chunk_delta(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size,
+                                                scale=scale, save=save)
+            o, S = out[:2]
+            ctx.delta_saved = out[2] if save else None
         else:
-            fn = kernels["_chunk"].chunk_linear
-        o, S = fn(q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=chunk_size, scale=scale)
+            o, S = kernels["_chunk"].chunk_linear(q, k, v, g=g, initial_state=s0, chunk_size=chunk_size, scale=scale)
         ctx.save_for_backward(q, k, v, g, beta, s0, S)
         return o, S
 
     @staticmethod
     def backward(ctx, grad_o, grad_S):
         *saved, S_final = ctx.saved_tensors
-        need = ctx.needs_input_grad[3:]
+        need = ctx.needs_input_grad[4:]
         q, g = saved[0], saved[3]
         # The Triton backward runs the forward kernel with the values as keys: the value width must fit a block.
         v_fits = saved[2].shape[-1] <= _load()["_common"].MAX_DK
@@ -103,7 +109,13 @@ class _TritonChunk(torch.autograd.Function):
             grads = _load()["_backward"].chunk_linear_backward(
                 *saved[:4], saved[5], S_final, grad_o, grad_S, chunk_size=ctx.chunk_size, scale=ctx.scale
             )
-            return (None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
+            return (None, None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
+        if ctx.rule in DELTA_RULES:
+            grads = _load()["_delta_backward"].chunk_delta_backward(
+                *saved, ctx.delta_saved, grad_o, grad_S, scale=ctx.scale
+            )
+            ctx.delta_saved = None
+            return (None, None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
             q, k, v, g, beta, s0 = leaves
@@ -117,14 +129,16 @@ class _TritonChunk(torch.autograd.Function):
             wrt = [x for x in leaves if x is not None and x.requires_grad]
             got = iter(torch.autograd.grad([x for x, _ in outs], wrt, [gx for _, gx in outs], allow_unused=True))
         grads = [next(got) if x is not None and x.requires_grad else None for x in leaves]
-        return (None, None, None, *grads)
+        return (None, None, None, None, *grads)
 
 
 def chunk_kernel(rule: str):
     """The Triton chunk forward of ``rule`` with the ``linattn.ops`` kernel contract (gradients as described above)."""
 
     def chunk(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=64, scale=1.0):
-        return _TritonChunk.apply(rule, chunk_size, scale, q, k, v, g, beta, initial_state)
+        inputs = (q, k, v, g, beta, initial_state)
+        tracked = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+        return _TritonChunk.apply(rule, chunk_size, scale, tracked, *inputs)
 
     chunk.__doc__ = f"Triton chunk forward of rule {rule!r} (linattn.ops kernel contract)."
     return chunk
@@ -151,11 +165,18 @@ def step_kernel(rule: str):
 
 
 # ------------------------------------------------------------------------------------------- dispatch entry points
-def refusal(q: torch.Tensor, state: torch.Tensor, key_dim: int) -> str | None:
-    """Why this backend cannot take a call with these inputs and this (augmented) state; None if it can."""
+def refusal(q: torch.Tensor, state: torch.Tensor, key_dim: int, chunk_size: int | None = None) -> str | None:
+    """Why this backend cannot take a call with these inputs, this (augmented) state and ``chunk_size`` (None: a
+    decode step); None if it can."""
     reason = unavailable_reason(q.device, q.dtype, key_dim)
     if reason is not None:
         return reason
+    if chunk_size is not None:
+        from linattn.kernels.triton._common import check_chunk_size
+
+        reason = check_chunk_size(chunk_size)
+        if reason is not None:
+            return reason
     want = torch.float64 if q.dtype == torch.float64 else torch.float32
     if state.dtype != want:
         return f"it carries the state in {want} for {q.dtype} inputs, got state dtype {state.dtype}"

@@ -153,7 +153,7 @@ def chunk_linear(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=6
     """Kernel contract of ``linattn.ops``: q, k [B, H, T, Dk], v [B, H, T, Dv], g None | [B, H, T] | [B, H, T, Dk]
     (any strides) -> (o [B, H, T, Dv] in q's dtype, S [B, H, Dk, Dv] in float32, float64 for float64 inputs).
 
-    ``chunk_size`` is rounded to a power of two in [16, 64]; per key channel the chunk is 16 tokens.
+    ``chunk_size``: 16, 32 or 64 tokens (else a ValueError naming it); per key channel the chunk is 16 tokens.
     ``value_gate=True`` (for the backward): g is [B, H, T, Dv], one gate per value column, S_t = S_{t-1} diag(a_t)
     + k_t v_t^T.
     """
@@ -166,7 +166,11 @@ def chunk_linear(q, k, v, *, g=None, beta=None, initial_state=None, chunk_size=6
     acc = acc_dtype(dt)
     o = torch.empty(B, H, T, Dv, dtype=dt, device=q.device)
     S = torch.empty(B, H, Dk, Dv, dtype=acc, device=q.device)
-    BT = 16 if gate in (GATE_CHANNEL, GATE_VALUE) else block_t(chunk_size)
+    # Per key (or value) channel the kernel forms the exact [BT, BT, D] decay in registers: 16-token chunks
+    # whatever chunk_size (still checked) says; the result is the same function either way.
+    BT = block_t(chunk_size)
+    if gate in (GATE_CHANNEL, GATE_VALUE):
+        BT = 16
     # IEEE products for float32 operands (no TF32); for half operands the precision flag means nothing.
     dot_t = dot_dtype(dt, _chunk_linear_fwd)
     BK, BV = block_k(Dk), block_v(Dv)

@@ -11,7 +11,8 @@ GATE_NONE, GATE_HEAD, GATE_CHANNEL, GATE_VALUE = 0, 1, 2, 3  # GATE_VALUE: per v
 MAX_DK = 256
 
 __all__ = [
-    "GATE_NONE", "GATE_HEAD", "GATE_CHANNEL", "GATE_VALUE", "MAX_DK", "LOG_GATE_FLOOR", "block_k", "block_v", "block_t",
+    "GATE_NONE", "GATE_HEAD", "GATE_CHANNEL", "GATE_VALUE", "MAX_DK", "LOG_GATE_FLOOR", "CHUNK_SIZES", "block_k",
+    "block_v", "block_t", "check_chunk_size",
 ]
 
 
@@ -25,9 +26,25 @@ def block_v(Dv: int) -> int:
     return max(16, min(64, triton.next_power_of_2(Dv)))
 
 
+# Tokens per chunk the kernels take: tl.dot's smallest tile is 16, and a [64, 64] tile of scores (plus the delta
+# rules' [64, 64] inverse) is the most a program keeps in registers.
+CHUNK_SIZES = (16, 32, 64)
+
+
+def check_chunk_size(chunk_size: int) -> str | None:
+    """Why the Triton chunk kernels cannot take ``chunk_size``; None if they can."""
+    if isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES:
+        sizes = ", ".join(map(str, CHUNK_SIZES))
+        return f"chunk_size: the Triton chunk kernels take {sizes} tokens, got {chunk_size!r}"
+    return None
+
+
 def block_t(chunk_size: int) -> int:
-    """Tokens per chunk: ``chunk_size`` rounded up to a power of two in [16, 64]."""
-    return max(16, min(64, triton.next_power_of_2(chunk_size)))
+    """Tokens per chunk: ``chunk_size`` itself, one of CHUNK_SIZES (anything else is a ValueError naming it)."""
+    why = check_chunk_size(chunk_size)
+    if why is not None:
+        raise ValueError(why)
+    return chunk_size
 
 
 def gate_kind(g, x_dim: int) -> int:
