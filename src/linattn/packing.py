@@ -32,6 +32,7 @@ import torch
 
 from linattn import api
 from linattn.feature_maps import resolve_feature_map
+from linattn.ops.common import normalized_read
 from linattn.state import State
 
 
@@ -169,6 +170,6 @@ def packed_linear_attention(
     o = torch.cat(outputs)
     o = o.new_empty(o.shape).index_copy_(0, torch.cat(sources), o).unsqueeze(0)  # back to packed order
     if normalize:
-        o = api._read(o, eps, eps_mode)
+        o = normalized_read(o, eps, eps_mode)
     final = api._split(S, normalize, rule, feature_map) if output_final_state else None  # recorded as this call's
     return o.to(v.dtype).contiguous(), final
