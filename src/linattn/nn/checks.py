@@ -9,6 +9,7 @@ parameters' dtype and device, what its cache must hold) is checked here.
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -16,11 +17,11 @@ from linattn.packing import check_cu_seqlens
 
 
 def check_int(name: str, value: object, minimum: int = 1) -> int:
-    """An int (not a bool) of at least ``minimum``."""
+    """An int (not a bool) from ``minimum`` to 2**63 - 1, the largest size torch takes."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    if not minimum <= value <= sys.maxsize:
+        raise ValueError(f"{name} must be an int from {minimum} to 2**63 - 1, got {value}")
     return value
 
 
