@@ -122,7 +122,7 @@ class CausalLM(nn.Module):
                              f"{tuple(input_ids.shape)}")
         if input_ids.device != self.embed.weight.device:
             raise ValueError(f"input_ids is on {input_ids.device} but the model is on {self.embed.weight.device}")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
+        lo, hi = (int(t) for t in torch.aminmax(input_ids))
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"input_ids must be in [0, vocab_size) = [0, {self.vocab_size}), got {lo} ... {hi}")
         return input_ids.shape[0], input_ids.shape[1]
