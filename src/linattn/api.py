@@ -16,8 +16,8 @@ import torch
 
 from linattn import kernels
 from linattn.feature_maps import FeatureMap, check_features, feature_map_name, resolve_feature_map
-from linattn.ops import DELTA_RULES, GATED_RULES, RULES
-from linattn.ops.common import EPS_MODES, normalized_read
+from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
+from linattn.ops.common import normalized_read
 from linattn.state import State, is_joint, joint_view
 
 

@@ -12,8 +12,9 @@ half-precision state in float32 (the running sum is carried in float32); ``linat
 Shared pieces of the chunk forms, and the one division by the normalizer, live in ``linattn.ops.common``.
 """
 
-# The rule names, defined here once: the API, the backends and the tools import them (the NumPy reference keeps
-# its own copy on purpose, sharing no code with what it checks).
+# The rule and epsilon-mode names, defined here once: the API, the backends and the tools import them (the NumPy
+# reference keeps its own copy on purpose, sharing no code with what it checks).
 RULES = ("accumulate", "gated", "delta", "gated_delta")
 GATED_RULES = ("gated", "gated_delta")  # take a log-gate g
 DELTA_RULES = ("delta", "gated_delta")  # take a write strength beta; define no normalizer z
+EPS_MODES = ("add", "clamp")  # den + eps, max(den, eps): see linattn.ops.common.normalized_read

@@ -6,8 +6,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-EPS_MODES = ("add", "clamp")
-
 
 def normalized_read(num_den: torch.Tensor, eps: float, eps_mode: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """num / den with the library's one epsilon convention; the last column of ``num_den`` holds den = q^T z.
