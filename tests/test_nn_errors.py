@@ -269,6 +269,16 @@ def test_nn_catalogue(case):
         assert (out - expected).abs().max() <= 1e-6 * max(1.0, float(expected.abs().max()))
 
 
+@pytest.mark.parametrize(("kwargs", "arg"), [
+    ({"num_layers": 0}, "num_layers"), ({"num_layers": 2.0}, "num_layers"), ({"attention_every": 0}, "attention_every"),
+    ({"rule": "attention"}, "rule"), ({"rule": None}, "rule"),
+])
+def test_hybrid_pattern_errors(kwargs, arg):
+    with pytest.raises((ValueError, TypeError), match=arg):
+        lnn.hybrid_pattern(**({"num_layers": 4} | kwargs))
+    assert lnn.hybrid_pattern(5, "delta", 2) == ["delta", "attention", "delta", "attention", "delta"]
+
+
 def test_catalogue_covers_every_argument():
     for name in BASE:
         params = {a for a, p in inspect.signature(getattr(lnn, name)).parameters.items()

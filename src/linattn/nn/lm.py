@@ -22,6 +22,10 @@ MIXERS = ("attention", *linattn.RULES)
 def hybrid_pattern(num_layers: int, rule: str = "gated_delta", attention_every: int = 4) -> list[str]:
     """``attention_every - 1`` linear layers, then one attention layer, repeated (Qwen3-Next uses 3:1):
     ``hybrid_pattern(4) == ["gated_delta", "gated_delta", "gated_delta", "attention"]``."""
+    check_int("num_layers", num_layers)
+    check_int("attention_every", attention_every)
+    if not isinstance(rule, str) or rule not in linattn.RULES:
+        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(linattn.RULES)}")
     return ["attention" if (i + 1) % attention_every == 0 else rule for i in range(num_layers)]
 
 
