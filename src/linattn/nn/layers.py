@@ -98,6 +98,8 @@ def causal_conv(x, weight, history=None, cu_seqlens=None):
 
 
 class LinearAttention(nn.Module):
+    cache_name = "cache"  # what an error calls a bad cache (CausalLM sets "cache[i]" on its layer i)
+
     """A linear-attention token mixer for any rule, with the published parameterizations.
 
     Args:
@@ -219,10 +221,12 @@ class LinearAttention(nn.Module):
                 raw + self.dt_bias)
         return g.view(B, T, self.num_v_heads, -1) if self.per_channel_gate else g
 
-    def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str = "cache") -> None:
+    def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
         """``cache`` continues this layer for a batch of B rows like ``x``: a :class:`LinearAttentionCache` whose
         state this rule and feature map made, with this layer's heads and widths, and a convolution history that
-        matches ``conv_size``. Raises a ValueError/TypeError naming ``name``."""
+        matches ``conv_size``. A ValueError/TypeError calls it ``name`` (default ``self.cache_name``: ``"cache"``,
+        or ``"cache[i]"`` in layer i of a :class:`CausalLM`)."""
+        name = name or self.cache_name
         if not isinstance(cache, LinearAttentionCache):
             raise TypeError(f"{name} must be a LinearAttentionCache (from this layer's forward) or None, got "
                             f"{type(cache).__name__}")
@@ -322,6 +326,8 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
 
 
 class SoftmaxAttention(nn.Module):
+    cache_name = "cache"  # as in LinearAttention
+
     """Causal softmax attention (PyTorch SDPA) with rotary positions and a KV cache; the same call signature as
     :class:`LinearAttention`. ``cu_seqlens`` (batch 1, as in the API) becomes a block-diagonal causal mask (positions
     restart per sequence); the cache returned then is ``None``: sequences of different lengths have no common
@@ -340,8 +346,10 @@ class SoftmaxAttention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
-    def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str = "cache") -> None:
-        """``cache`` is a :class:`KVCache` of this layer's heads and width for B rows, in x's dtype and device."""
+    def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
+        """``cache`` is a :class:`KVCache` of this layer's heads and width for B rows, in x's dtype and device;
+        errors call it ``name`` (default ``self.cache_name``, as in :meth:`LinearAttention.check_cache`)."""
+        name = name or self.cache_name
         if not isinstance(cache, KVCache):
             raise TypeError(f"{name} must be a KVCache (from this layer's forward) or None, got {type(cache).__name__}")
         L = cache.k.shape[1] if isinstance(cache.k, torch.Tensor) and cache.k.dim() == 4 else 0

@@ -111,6 +111,8 @@ class CausalLM(nn.Module):
             )
             for name in names
         )
+        for i, block in enumerate(self.layers):  # each layer checks its own cache; its errors say which one
+            block.mixer.cache_name = f"cache[{i}]"
         self.norm = RMSNorm(hidden_size)
         nn.init.normal_(self.embed.weight, std=hidden_size**-0.5)
 
@@ -131,27 +133,27 @@ class CausalLM(nn.Module):
             raise ValueError(f"input_ids must be in [0, vocab_size) = [0, {self.vocab_size}), got {lo} ... {hi}")
         return input_ids.shape[0], input_ids.shape[1]
 
-    def _check_cache(self, cache: object, B: int, x: torch.Tensor) -> None:
+    def _check_cache(self, cache: object) -> None:
+        """One entry per layer, none missing; each layer checks its own entry (as ``cache[i]``) when it runs."""
         if not isinstance(cache, (list, tuple)):
             raise TypeError(f"cache must be a list with one entry per layer (from this model's forward) or None, got "
                             f"{type(cache).__name__}")
         if len(cache) != len(self.layers):
             raise ValueError(f"cache has {len(cache)} entries but the model has {len(self.layers)} layers")
-        for i, (block, c) in enumerate(zip(self.layers, cache, strict=True)):
+        for i, c in enumerate(cache):
             if c is None:
                 raise ValueError(
                     f"cache[{i}] is None: layer {i} ({self.mixers[i]}) has nothing to continue from (a packed "
                     "forward returns no cache for attention layers); pass cache=None to start over"
                 )
-            block.mixer.check_cache(c, B, x, name=f"cache[{i}]")
 
     def forward(self, input_ids: torch.Tensor, cache: list | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         B, T = self._check_ids(input_ids)
         cu_seqlens = check_packing(cu_seqlens, cache, B, T, input_ids.device)
-        x = self.embed(input_ids)
         if cache is not None:
-            self._check_cache(cache, B, x)
+            self._check_cache(cache)
+        x = self.embed(input_ids)
         caches = [None] * len(self.layers) if cache is None else cache
         new = []
         for layer, layer_cache in zip(self.layers, caches, strict=True):
