@@ -98,8 +98,6 @@ def causal_conv(x, weight, history=None, cu_seqlens=None):
 
 
 class LinearAttention(nn.Module):
-    cache_name = "cache"  # what an error calls a bad cache (CausalLM sets "cache[i]" on its layer i)
-
     """A linear-attention token mixer for any rule, with the published parameterizations.
 
     Args:
@@ -126,6 +124,8 @@ class LinearAttention(nn.Module):
     ``x`` must be ``[B, T, hidden_size]`` in the parameters' dtype and device, ``cu_seqlens`` as in the API, and a
     cache must come from a layer of the same rule, feature map, heads and widths, for the same batch.
     """
+
+    cache_name = "cache"  # what an error calls a bad cache (CausalLM sets "cache[i]" on its layer i)
 
     def __init__(
         self,
@@ -326,12 +326,12 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
 
 
 class SoftmaxAttention(nn.Module):
-    cache_name = "cache"  # as in LinearAttention
-
     """Causal softmax attention (PyTorch SDPA) with rotary positions and a KV cache; the same call signature as
     :class:`LinearAttention`. ``cu_seqlens`` (batch 1, as in the API) becomes a block-diagonal causal mask (positions
     restart per sequence); the cache returned then is ``None``: sequences of different lengths have no common
     ``[B, L]`` cache. It makes no linattn call, so it has no ``backend``."""
+
+    cache_name = "cache"  # as in LinearAttention
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, *, rope_base: float = 10000.0):
         super().__init__()
