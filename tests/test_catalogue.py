@@ -1,4 +1,5 @@
-"""A generated catalogue of bad inputs: every bad value for every argument of ``linear_attention`` and ``step``.
+"""A generated catalogue of bad inputs: every bad value for every argument of ``linear_attention`` and ``step``, and
+of ``linear_attention`` with packed sequences (``cu_seqlens``; the cases named ``packed-...``).
 
 The cases are built by program: each argument crossed with generic bad values (None, bools, numbers, NaN, inf,
 strings, containers, objects, tensors where a number belongs), every tensor argument with rank, size, dtype,
@@ -33,6 +34,11 @@ from linattn import State
 
 B, T, H, D, DV = 2, 5, 3, 4, 6
 CHUNK = 2  # chunks [0, 1], [2, 3], [4]: a bad last token leaves the earlier chunks exact
+# Packed: 3 sequences of 3, 0 and 3 tokens in one row; the last token is alone in its chunk there too.
+PACKED_LENGTHS = (3, 0, 3)
+PACKED_T = sum(PACKED_LENGTHS)
+CU = torch.tensor([0, 3, 3, 6])
+FUNCTIONS = {"linear_attention": linattn.linear_attention, "step": linattn.step, "packed": linattn.linear_attention}
 LINATTN_DIR = Path(linattn.__file__).resolve().parent
 TOL = 1e-4  # float32 inputs against the float64 reference
 
@@ -55,6 +61,8 @@ ACCEPTED = {
        for lab in ("non-contiguous", "requires grad")},
     **{("*", a, lab): "cast to the accumulation dtype" for a in ("g", "beta") for lab in ("float64", "float16")},
     **{("*", a, lab): "documented: NaN/inf propagate" for a in ("q", "k", "v", "beta") for lab in ("NaN", "+inf")},
+    ("packed", "cu_seqlens", "int32"): "any integer dtype",
+    ("packed", "cu_seqlens", "strided view"): "any strides",
     ("linear_attention", "initial_state", "None"): "starts from zeros",
     ("linear_attention", "initial_state", "hand-built"): "a State(S, z) without record is trusted",
     ("linear_attention", "initial_state", "float64"): "converted to the accumulation dtype",
@@ -85,9 +93,9 @@ def _inputs(rule: str, lead: tuple[int, ...]) -> dict:
     return kw
 
 
-def _made_state(rule: str) -> State:
+def _made_state(rule: str, batch: int = B) -> State:
     """A state made by linattn for ``rule`` (so it carries the record), from a short prefill."""
-    kw = _inputs(rule, (B, 3, H))
+    kw = _inputs(rule, (batch, 3, H))
     q, k, v = kw.pop("q"), kw.pop("k"), kw.pop("v")
     return linattn.linear_attention(q, k, v, output_final_state=True, **kw)[1]
 
@@ -97,6 +105,10 @@ def _base(fn: str, rule: str) -> dict:
     if fn == "linear_attention":
         kw = _inputs(rule, (B, T, H))
         kw.update(form="chunk", chunk_size=CHUNK, output_final_state=True, initial_state=_made_state(rule))
+    elif fn == "packed":
+        kw = _inputs(rule, (1, PACKED_T, H))
+        kw.update(form="chunk", chunk_size=CHUNK, output_final_state=True, cu_seqlens=CU.clone(),
+                  initial_state=_made_state(rule, len(PACKED_LENGTHS)))
     else:
         kw = _inputs(rule, (B, H))
         kw.update(state=_made_state(rule), inplace=False)
@@ -164,6 +176,17 @@ def _state_mutations(state: State, fn: str) -> list[tuple[str, object, dict]]:
     return out
 
 
+def _cu_mutations() -> list[tuple[str, object]]:
+    """Bad (and two good) ``cu_seqlens`` for the packed base: 6 tokens in one row."""
+    return [
+        ("rank + 1", CU[None]), ("numpy", CU.numpy()), ("list", [0, 3, 3, 6]), ("one entry", CU[:1]),
+        ("float", CU.float()), ("bool", CU.bool()), ("complex", CU.to(torch.complex64)), ("meta", CU.to("meta")),
+        ("ends before T", torch.tensor([0, 3, 3, 5])), ("ends after T", torch.tensor([0, 3, 3, 7])),
+        ("starts at 1", torch.tensor([1, 3, 3, 6])), ("decreasing", torch.tensor([0, 4, 3, 6])),
+        ("other N", torch.tensor([0, 6])), ("int32", CU.int()), ("strided view", torch.tensor([9, 0, 3, 3, 6])[1:]),
+    ]
+
+
 def _callable_maps() -> list[tuple[str, object]]:
     return [
         ("returns an int", lambda x: 3),
@@ -179,12 +202,16 @@ def build_cases() -> list[tuple[str, str, str, str, object, dict]]:
     """(id, function, rule, argument, label, value, extra kwargs) for every case: every parameter in the
     functions' signatures, so an argument added later gets the generic bad values too."""
     cases = []
-    for fn in ("linear_attention", "step"):
-        for arg in inspect.signature(getattr(linattn, fn)).parameters:
+    for fn, func in FUNCTIONS.items():
+        for arg in inspect.signature(func).parameters:
             rule = "gated_delta" if arg == "beta" else "gated"
             good = base(fn, rule)
-            values = [(label, value, {}) for label, value in GENERIC]
-            if isinstance(good.get(arg), torch.Tensor):
+            # (Without cu_seqlens the packed call is an unpacked one: the linear_attention cases cover it.)
+            values = [(label, value, {}) for label, value in GENERIC if not (fn, arg, label) == ("packed",
+                                                                                                 "cu_seqlens", "None")]
+            if arg == "cu_seqlens" and fn == "packed":
+                values += [(label, value, {}) for label, value in _cu_mutations()]
+            elif isinstance(good.get(arg), torch.Tensor):
                 values += [(label, value, {}) for label, value in _tensor_mutations(good[arg], arg)]
             if arg in ("initial_state", "state"):
                 values += _state_mutations(good[arg], fn)
@@ -205,19 +232,21 @@ def _names(message: str, arg: str) -> bool:
 
 
 def _is_accepted(fn: str, arg: str, label: str, value: object = ...) -> bool:
-    """Listed in ACCEPTED, or the parameter's own default where the base call leaves it at its default."""
-    if (fn, arg, label) in ACCEPTED or ("*", arg, label) in ACCEPTED:
+    """Listed in ACCEPTED, or the parameter's own default where the base call leaves it at its default. A packed call
+    takes what linear_attention takes."""
+    names = (fn, "*") + (("linear_attention",) if fn == "packed" else ())
+    if any((name, arg, label) in ACCEPTED for name in names):
         return True
     if arg in _base(fn, "gated_delta" if arg == "beta" else "gated"):
         return False
-    default = inspect.signature(getattr(linattn, fn)).parameters[arg].default
+    default = inspect.signature(FUNCTIONS[fn]).parameters[arg].default
     return default is not inspect.Parameter.empty and value is default
 
 
 def _call(fn: str, kw: dict):
     kw = dict(kw)
     q, k, v = kw.pop("q"), kw.pop("k"), kw.pop("v")
-    if fn == "linear_attention":
+    if fn in ("linear_attention", "packed"):
         return linattn.linear_attention(q, k, v, **kw)
     return linattn.step(q, k, v, kw.pop("state"), **kw)
 
@@ -253,8 +282,9 @@ def test_catalogue(case):
     o, state = _call(fn, kw)
     if label in ("NaN", "+inf"):  # documented to propagate: earlier chunks exact, the output non-finite
         assert not bool(torch.isfinite(o).all())
-        if fn == "linear_attention":
-            assert rel_err(o[:, : T - 1], o_ref[:, : T - 1]) <= TOL
+        if fn != "step":
+            n = o.shape[1] - 1
+            assert rel_err(o[:, :n], o_ref[:, :n]) <= TOL
         return
     assert rel_err(o, o_ref) <= TOL
     if state is not None:
@@ -267,7 +297,7 @@ def test_catalogue(case):
 
 def test_catalogue_is_large():
     """The catalogue is generated, so check what it holds: every argument of both functions, hundreds of cases."""
-    for fn in (linattn.linear_attention, linattn.step):
-        assert {c[3] for c in CASES if c[1] == fn.__name__} == set(inspect.signature(fn).parameters)
-    assert len(CASES) > 400
+    for fn, func in FUNCTIONS.items():
+        assert {c[3] for c in CASES if c[1] == fn} == set(inspect.signature(func).parameters)
+    assert len(CASES) > 1000
     assert sum(not _is_accepted(c[1], c[3], c[4], c[5]) for c in CASES) > 350

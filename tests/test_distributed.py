@@ -149,6 +149,11 @@ def _mismatch_cases(rank: int) -> dict:
             q, q, q, normalize=False, initial_state=State(torch.zeros(1, 2, 3, 3)) if rank == 1 else None),
         "normalize_delta": lambda: linear_attention(q, q, q, rule="delta", beta=torch.ones(1, 4, 2), normalize=True),
         "cu_seqlens": lambda: linear_attention(q, q, q, cu_seqlens=torch.tensor([0, 2, 4])),
+        "bad_backend": lambda: linear_attention(q, q, q, backend="cuda"),
+        "backend_mismatch": lambda: linear_attention(q, q, q, backend="torch" if rank == 1 else "auto"),
+        "output_final_state": lambda: linear_attention(q, q, q, output_final_state=1),
+        # The forced backend reaches each rank's own call: the compiled kernel has no backward.
+        "cpu_grad": lambda: linear_attention(q.clone().requires_grad_(), q, q, backend="cpu"),
     }
     for name, fn in bad.items():
         try:
@@ -161,7 +166,25 @@ def _mismatch_cases(rank: int) -> dict:
     o, _ = linear_attention(q, q, q)  # still usable: every rank holds a copy of q, the whole sequence repeats it
     whole = q.repeat(1, dist.get_world_size(), 1, 1)
     out["after"] = _rel(o, linattn.linear_attention(whole, whole, whole)[0][:, 4 * rank: 4 * rank + 4])
+    out["backends"] = _backends(rank)
     return out
+
+
+def _backends(rank: int) -> dict:
+    """Forced backend="torch" and "cpu" (the numba kernel) give the same outputs and final state, every rule."""
+    errs = {}
+    seg = slice(0, 6) if rank == 0 else slice(6, 13)
+    for name in ("accumulate:init", "gated:channel", "delta:init", "gated_delta:init"):
+        c = _case(name, 13, 300)
+        kw = {n: (x[:, seg] if n in ("g", "beta") else x) for n, x in c["kw"].items()}
+        runs = {}
+        for backend in ("torch", "cpu"):
+            with torch.no_grad():
+                runs[backend] = linear_attention(c["q"][:, seg], c["k"][:, seg], c["v"][:, seg], backend=backend,
+                                                 initial_state=c["init"] if rank == 0 else None,
+                                                 output_final_state=True, **kw)
+        errs[name] = max(_rel(runs["cpu"][0], runs["torch"][0]), _rel(runs["cpu"][1].S, runs["torch"][1].S))
+    return errs
 
 
 def _worker(rank: int, world: int, port: int, path: str, mismatch: bool) -> None:
@@ -226,6 +249,12 @@ def _check_mismatch(per_rank: list[dict]) -> None:
         assert "cu_seqlens" in out["cu_seqlens"] and "not supported" in out["cu_seqlens"], out["cu_seqlens"]
         assert out["after"] < TOL
         assert out["normalize_delta"].startswith("ValueError: normalize=True: rule 'delta'"), out["normalize_delta"]
+        assert out["bad_backend"].startswith("ValueError: backend: unknown backend 'cuda'"), out["bad_backend"]
+        assert out["backend_mismatch"].startswith("RankMismatchError") and "backend" in out["backend_mismatch"]
+        assert out["output_final_state"].startswith("TypeError: output_final_state must be a bool")
+        assert out["cpu_grad"].startswith("ValueError: backend='cpu' cannot run this call"), out["cpu_grad"]
+        for rule, err in out["backends"].items():
+            assert err < TOL, (r, rule, err)
     # The rank with the bad input raises its own error; the other names it.
     assert per_rank[1]["init_off_rank0"].startswith("ValueError: initial_state is given on rank 1; pass it on rank 0")
     assert "rank 1 rejected" in per_rank[0]["init_off_rank0"]

@@ -18,13 +18,13 @@ except RuntimeError as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def model():
+def make_model(value_heads: int = 4):
     cfg = transformers.Qwen3NextConfig(
         vocab_size=96, hidden_size=48, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-        linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
-        shared_expert_intermediate_size=24, layer_types=["linear_attention", "full_attention"],
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=value_heads,
+        linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=24, shared_expert_intermediate_size=24,
+        layer_types=["linear_attention", "full_attention"],
     )
     torch.manual_seed(0)
     m = transformers.Qwen3NextForCausalLM(cfg).eval()
@@ -33,6 +33,11 @@ def model():
             if hasattr(layer, "linear_attn"):
                 layer.linear_attn.dt_bias.normal_(0, 1)
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
 
 
 def run(model, ids, split=None):
@@ -66,12 +71,46 @@ def test_patch_is_undone():
 
     before = m.torch_chunk_gated_delta_rule
     with lt.patch_qwen3_next() as patch:
-        assert m.torch_chunk_gated_delta_rule is lt.chunk_gated_delta_rule
-        assert m.torch_recurrent_gated_delta_rule is lt.recurrent_gated_delta_rule
+        assert m.torch_chunk_gated_delta_rule.func is lt.chunk_gated_delta_rule
+        assert m.torch_recurrent_gated_delta_rule.func is lt.recurrent_gated_delta_rule
+        assert m.torch_chunk_gated_delta_rule.keywords == {"backend": "auto"}
         assert patch.saved
     assert m.torch_chunk_gated_delta_rule is before
     with pytest.raises(ValueError, match="models"):
         lt.patch_qwen3_next(models=("llama",))
+    for bad in ("qwen3_next", 3, (None,)):
+        with pytest.raises(TypeError, match="models"):
+            lt.patch_qwen3_next(models=bad)
+    with pytest.raises(ValueError, match="backend"):
+        lt.patch_qwen3_next(backend="cuda")
+    with pytest.raises(ValueError, match="models"):  # a bad name later in the list patches nothing
+        lt.patch_qwen3_next(models=("qwen3_next", "llama"))
+    assert m.torch_chunk_gated_delta_rule is before
+
+
+def test_backend_reaches_every_call():
+    """Forced "torch" and "cpu" (the numba kernel) give the same logits, prefill and decode, through the patch and
+    through the converted layer; the compiled kernel refuses grouped value heads, so a forced "cpu" on such a
+    model is the kernel's own error, which shows the backend reached the call."""
+    equal_heads = make_model(value_heads=2)
+    ids = torch.randint(0, 96, (2, 70))
+    runs = {}
+    for backend in ("torch", "cpu"):
+        with lt.patch_qwen3_next(backend=backend):
+            runs[backend] = run(equal_heads, ids), run(equal_heads, ids, split=66)
+    scale = runs["torch"][0].abs().max()
+    for ours, ref in zip(runs["cpu"], runs["torch"], strict=True):
+        assert (ours - ref).abs().max() <= 1e-5 * scale
+    hf_layer = equal_heads.model.layers[0].linear_attn
+    x = torch.randn(1, 20, 48)
+    with torch.no_grad():
+        y = {b: lt.gated_deltanet_from_qwen3_next(hf_layer, backend=b)(x)[0] for b in ("torch", "cpu")}
+    assert (y["cpu"] - y["torch"]).abs().max() <= 1e-5 * y["torch"].abs().max()
+    grouped = make_model(value_heads=4)
+    with lt.patch_qwen3_next(backend="cpu"), pytest.raises(ValueError, match="backend='cpu' cannot run this call"):
+        run(grouped, ids[:, :5])
+    with pytest.raises(ValueError, match="backend"):
+        lt.gated_deltanet_from_qwen3_next(hf_layer, backend="gpu")
 
 
 def test_gated_deltanet_loads_hf_state_dict(model):

@@ -16,12 +16,9 @@ import torch
 
 from linattn import kernels
 from linattn.feature_maps import FeatureMap, check_features, feature_map_name, resolve_feature_map
+from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
+from linattn.ops.common import normalized_read
 from linattn.state import State, is_joint, joint_view
-
-RULES = ("accumulate", "gated", "delta", "gated_delta")
-GATED_RULES = ("gated", "gated_delta")
-DELTA_RULES = ("delta", "gated_delta")
-EPS_MODES = ("add", "clamp")
 
 
 def _rule_module(rule: str):
@@ -344,16 +341,6 @@ def _split(
     return State(S, z, rule=rule, feature_map=name, normalized=None if rule is None else normalize)
 
 
-def _read(num_den: torch.Tensor, eps: float, eps_mode: str, out: torch.Tensor | None = None) -> torch.Tensor:
-    """num / den with the library's single epsilon convention; the last column holds den."""
-    num, den = num_den[..., :-1], num_den[..., -1:]
-    if eps_mode == "add":
-        den = den + eps if eps else den
-    else:
-        den = den.clamp_min(eps)
-    return torch.div(num, den) if out is None else torch.div(num, den, out=out)
-
-
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -492,11 +479,11 @@ def linear_attention(
         )
         o = o.transpose(1, 2)
         if out is not None and normalize:
-            _read(o, eps, eps_mode, out=out[:, part])
+            normalized_read(o, eps, eps_mode, out=out[:, part])
         elif out is not None:
             out[:, part].copy_(o)
         else:
-            pieces.append(_read(o, eps, eps_mode) if normalize else o)
+            pieces.append(normalized_read(o, eps, eps_mode) if normalize else o)
     if out is None:
         out = (torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0].contiguous()).to(v.dtype)
     # (The chunk form carries a half-precision state in float32 between slabs; it is stored as asked at the end.)
@@ -670,5 +657,5 @@ def step(
         inplace=inplace,
     )
     if normalize:
-        o = _read(o, eps / scale if fold_scale else eps, eps_mode)
+        o = normalized_read(o, eps / scale if fold_scale else eps, eps_mode)
     return o.to(v.dtype), _split(S, normalize, rule, feature_map, into=state if inplace else None)

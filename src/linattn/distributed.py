@@ -30,17 +30,19 @@ import torch
 import torch.distributed as dist
 
 import linattn
-from linattn import api
+from linattn import api, kernels
 from linattn.feature_maps import FeatureMap, resolve_feature_map
+from linattn.ops import DELTA_RULES
+from linattn.ops.common import normalized_read
 from linattn.state import State
 
-DELTA_RULES = ("delta", "gated_delta")
 # The descriptor fields every rank must agree on, with the words an error uses for them.
 _AGREE = {
     "rule": "rule", "B": "batch size B", "H": "heads H", "Dq": "query/key width D", "Dv": "value width Dv",
     "Dk": "feature width r", "dtype": "input dtype", "state_dtype": "state dtype", "device_type": "device type",
     "normalize": "normalize", "feature_map": "feature_map", "scale": "scale", "eps": "eps", "eps_mode": "eps_mode",
     "gate": "gate shape (per head / per channel)", "grad": "autograd (some rank's inputs require grad)",
+    "backend": "backend",
 }
 
 
@@ -109,7 +111,7 @@ def _group_info(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad) -> dict:
+def _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad, backend) -> dict:
     """What every rank must agree on, plus this rank's own segment length (free to differ)."""
 
     def name(x):
@@ -124,7 +126,7 @@ def _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dty
         "device_type": getattr(getattr(q, "device", None), "type", None), "normalize": normalize,
         "feature_map": name(fmap), "scale": scale, "eps": eps, "eps_mode": eps_mode,
         "gate": None if not isinstance(g, torch.Tensor) else ("channel" if g.dim() == 4 else "head"),
-        "grad": grad, "error": None,
+        "grad": grad, "backend": backend if isinstance(backend, str) else repr(backend), "error": None,
     }
 
 
@@ -163,6 +165,7 @@ def linear_attention(
     chunk_size: int = 64,
     state_dtype: torch.dtype | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, State | None]:
     """Causal linear attention over one sequence whose tokens are split across the ranks of ``group``.
 
@@ -170,7 +173,8 @@ def linear_attention(
     ``g [B, T_r, H]`` or ``[B, T_r, H, r]``, ``beta [B, T_r, H]``; ``T_r >= 1`` may differ between ranks (and be
     shorter than a chunk). Returns this rank's outputs ``o [B, T_r, H, Dv]`` and, with ``output_final_state``, the
     state after the last token of the last rank, on every rank. All other keywords mean what they mean in
-    :func:`linattn.linear_attention` (``form`` is always the chunk form; ``cu_seqlens`` is rejected).
+    :func:`linattn.linear_attention` (``form`` is always the chunk form; ``cu_seqlens`` is rejected; ``backend`` is
+    passed to each rank's local call).
 
     ``group``: the process group (default: the world). ``initial_state``: the state before rank 0's first token,
     given on rank 0 only (``None`` elsewhere); its gradient arrives on rank 0.
@@ -186,12 +190,14 @@ def linear_attention(
     dtype = state_dtype or (torch.float64 if getattr(q, "dtype", None) == torch.float64 else torch.float32)
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tracked)
-    desc = _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad)
+    desc = _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad, backend)
 
     # Local phase: validate and compute this segment's map and zero-start outputs. An error is held back until
     # every rank has reported, so that no rank is left waiting in a collective.
     error = None
     try:
+        kernels.check_backend(backend)
+        api._check_flag("output_final_state", output_final_state)
         if normalize and rule in DELTA_RULES:
             raise ValueError(f"normalize=True: rule {rule!r} defines no normalizer z; pass normalize=False or None")
         if not isinstance(normalize, bool):
@@ -200,7 +206,7 @@ def linear_attention(
             raise ValueError(f"initial_state is given on rank {rank}; pass it on rank 0 only (None on ranks > 0)")
         _check_local(q, k, v, cu_seqlens)
         call = dict(rule=rule, feature_map=fmap, scale=scale, eps=eps, eps_mode=eps_mode, g=g, beta=beta,
-                    output_final_state=True, chunk_size=chunk_size, state_dtype=dtype)
+                    output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend)
         if rank == 0:
             o, S_loc = _first_segment(q, k, v, initial_state, normalize, rule, call)
         else:  # in the accumulation dtype: these outputs are corrected before they are rounded
@@ -229,7 +235,7 @@ def linear_attention(
     else:  # the read of the incoming state, added to numerator and denominator alike, then the one division
         o = _add_incoming(o, S_in.to(dtype), qf, g, rule, scale, Dv)
         if normalize:
-            o = api._read(o, eps, eps_mode)  # the library's one eps convention
+            o = normalized_read(o, eps, eps_mode)  # the library's one eps convention
     final = None
     if output_final_state:
         final = api._split(S_out.to(dtype), normalize, rule, feature_map)  # records rule and feature map

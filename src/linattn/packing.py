@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from linattn import api
+from linattn import api, kernels
 from linattn.feature_maps import resolve_feature_map
+from linattn.ops.common import normalized_read
 from linattn.state import State
 
 
@@ -45,6 +46,8 @@ def check_cu_seqlens(cu_seqlens: object, T: int, B: int, device) -> torch.Tensor
         raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
     if B != 1:
         raise ValueError(f"cu_seqlens: packed sequences need batch size 1 (all sequences in one row), got B = {B}")
+    if cu_seqlens.is_meta:
+        raise ValueError("cu_seqlens is on the meta device: its values (the sequence boundaries) are needed")
     cu = cu_seqlens.to(device=device, dtype=torch.int64)
     if int(cu[0]) != 0 or int(cu[-1]) != T:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {int(cu[0])} ... {int(cu[-1])}")
@@ -129,11 +132,13 @@ def packed_linear_attention(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, State | None]:
     """:func:`linattn.linear_attention` with ``cu_seqlens`` (same arguments; see the module docstring)."""
+    # The checks of the unpacked call, in the same order, before any work.
     mod = api._rule_module(rule)
-    if form not in mod.FORMS:
-        raise ValueError(f"form: rule {rule!r} has no form {form!r}; supported forms: {list(mod.FORMS)}")
+    api._check_form(mod, rule, form)
+    kernels.check_backend(backend)
     api._check_qkv(q, k, v, 4)
     api._check_scalars(eps, eps_mode, scale, chunk_size)
+    api._check_flag("output_final_state", output_final_state)
     B, T = q.shape[:2]
     HV, Dv = v.shape[-2:]
     cu = check_cu_seqlens(cu_seqlens, T, B, q.device)
@@ -146,6 +151,11 @@ def packed_linear_attention(
     N = lengths.numel()
     S0 = None
     if initial_state is not None:
+        S_in = getattr(initial_state, "S", None)
+        if isinstance(initial_state, State) and isinstance(S_in, torch.Tensor) and S_in.dim() == 4 and (
+                S_in.shape[0] != N):
+            raise ValueError(f"initial_state holds {S_in.shape[0]} states but cu_seqlens describes N = {N} sequences; "
+                             "a packed call takes one initial state per sequence, [N, H, Dk, Dv]")
         api._check_state(initial_state, N, HV, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
                          d_in=q.shape[-1])
         S0 = State(api._augmented(initial_state, dtype) if normalize else initial_state.S.to(dtype))
@@ -169,6 +179,6 @@ def packed_linear_attention(
     o = torch.cat(outputs)
     o = o.new_empty(o.shape).index_copy_(0, torch.cat(sources), o).unsqueeze(0)  # back to packed order
     if normalize:
-        o = api._read(o, eps, eps_mode)
+        o = normalized_read(o, eps, eps_mode)
     final = api._split(S, normalize, rule, feature_map) if output_final_state else None  # recorded as this call's
     return o.to(v.dtype).contiguous(), final

@@ -16,6 +16,7 @@ transformers itself is imported only by ``patch_qwen3_next`` (it is an optional 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 import torch
 
 import linattn
+from linattn import kernels
 from linattn.nn import LinearAttention
 from linattn.state import State
 
@@ -44,19 +46,21 @@ def chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     scale: float | None = None,
+    backend: str = "auto",
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF's/fla's ``chunk_gated_delta_rule`` signature on :func:`linattn.linear_attention`.
 
     query, key ``[B, T, H, Dk]``; value ``[B, T, HV, Dv]``; g, beta ``[B, T, HV]``; initial_state
     ``[B, HV, Dk, Dv]`` (N entries with ``cu_seqlens``). Returns (output in query's dtype, final state or None).
-    Other keyword arguments HF passes along (position ids, masks) do not concern the rule and are ignored.
+    ``backend`` as in :func:`linattn.linear_attention`. Other keyword arguments HF passes along (position ids,
+    masks) do not concern the rule and are ignored.
     """
     o, state = linattn.linear_attention(
         query, key, value, rule="gated_delta", g=g.to(torch.float32) if g.dtype != torch.float64 else g,
         beta=beta, feature_map="l2" if use_qk_l2norm_in_kernel else None, scale=scale,
         initial_state=None if initial_state is None else State(initial_state), output_final_state=output_final_state,
-        chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size, cu_seqlens=cu_seqlens, backend=backend,
     )
     return o.to(query.dtype), None if state is None else state.S
 
@@ -72,6 +76,7 @@ def recurrent_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     scale: float | None = None,
+    backend: str = "auto",
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF's ``torch_recurrent_gated_delta_rule`` signature: one token through :func:`linattn.step` (longer inputs
@@ -80,11 +85,11 @@ def recurrent_gated_delta_rule(
         return chunk_gated_delta_rule(query, key, value, g, beta, initial_state=initial_state,
                                       output_final_state=output_final_state,
                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
-                                      scale=scale)
+                                      scale=scale, backend=backend)
     o, state = linattn.step(
         query[:, 0], key[:, 0], value[:, 0], None if initial_state is None else State(initial_state),
         rule="gated_delta", g=g[:, 0], beta=beta[:, 0], feature_map="l2" if use_qk_l2norm_in_kernel else None,
-        scale=scale, state_dtype=torch.float32 if query.dtype != torch.float64 else None,
+        scale=scale, state_dtype=torch.float32 if query.dtype != torch.float64 else None, backend=backend,
     )
     return o[:, None].to(query.dtype), state.S if output_final_state else None
 
@@ -127,17 +132,22 @@ def _set(saved: list, module, name: str, value) -> None:
     setattr(module, name, value)
 
 
-def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",)) -> Patch:
+def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str = "auto") -> Patch:
     """Route the gated delta rule of these transformers models (``MODELS`` lists those known to share it) to
     linattn, and their short convolution to HF's own torch code. Affects every instance, existing and future;
-    returns a :class:`Patch` (``undo()``, or use it as a context manager)."""
-    saved: list = []
-    for name in models:
+    returns a :class:`Patch` (``undo()``, or use it as a context manager). ``backend`` is passed to every linattn
+    call (``"auto"``, ``"torch"``, ``"cpu"``, ``"triton"``; see :func:`linattn.linear_attention`)."""
+    kernels.check_backend(backend)
+    if not isinstance(models, (tuple, list)) or not all(isinstance(name, str) for name in models):
+        raise TypeError(f"models must be a tuple of model names, some of {list(MODELS)}; got {models!r}")
+    for name in models:  # every name checked before anything is patched
         if name not in MODELS:
             raise ValueError(f"models: unknown model {name!r}; expected some of {list(MODELS)}")
+    saved: list = []
+    for name in models:
         module = _modeling(name)
-        _set(saved, module, _RULE_FUNCTIONS[0], chunk_gated_delta_rule)
-        _set(saved, module, _RULE_FUNCTIONS[1], recurrent_gated_delta_rule)
+        _set(saved, module, _RULE_FUNCTIONS[0], functools.partial(chunk_gated_delta_rule, backend=backend))
+        _set(saved, module, _RULE_FUNCTIONS[1], functools.partial(recurrent_gated_delta_rule, backend=backend))
         for fn in _CONV_FUNCTIONS:  # a CUDA-only causal_conv1d package would fail on CPU too
             _set(saved, module, fn, hf_torch_fallback(getattr(module, fn)))
     return Patch(saved)
@@ -160,13 +170,15 @@ def use_hf_torch_fallback(models: tuple[str, ...] = ("qwen3_next",)) -> Patch:
 
 
 # ------------------------------------------------------------------------------------------------ weights
-def gated_deltanet_from_qwen3_next(hf_layer: torch.nn.Module, *, chunk_size: int = 64) -> LinearAttention:
+def gated_deltanet_from_qwen3_next(hf_layer: torch.nn.Module, *, chunk_size: int = 64,
+                                   backend: str = "auto") -> LinearAttention:
     """A :class:`LinearAttention` (rule ``"gated_delta"``) equal to an HF ``Qwen3NextGatedDeltaNet``, weights
-    loaded from its state dict (same dtype and device)."""
+    loaded from its state dict (same dtype and device); ``chunk_size`` and ``backend`` go to the layer."""
     layer = LinearAttention(
         hf_layer.hidden_size, hf_layer.num_k_heads, hf_layer.head_k_dim, rule="gated_delta", feature_map="l2",
         num_v_heads=hf_layer.num_v_heads, v_head_dim=hf_layer.head_v_dim, conv_size=hf_layer.conv_kernel_size,
         per_channel_gate=False, output_gate=True, norm_eps=hf_layer.layer_norm_epsilon, chunk_size=chunk_size,
+        backend=backend,
     )
     if hf_layer.activation != "silu":
         raise ValueError(f"hf_layer: its convolution uses {hf_layer.activation!r}; linattn's short convolution is SiLU")

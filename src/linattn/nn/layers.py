@@ -16,6 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 
 import linattn
+from linattn import api, kernels
+from linattn.feature_maps import feature_map_name, resolve_feature_map
+from linattn.nn.checks import (
+    check_cache_tensor,
+    check_int,
+    check_optional_bool,
+    check_optional_int,
+    check_packing,
+    check_positive_number,
+    check_x,
+)
+from linattn.ops import DELTA_RULES, GATED_RULES
 from linattn.state import State
 
 # Feature map and normalizer per rule when not given: Katharopoulos et al. for accumulate, GLA (no map, no
@@ -103,11 +115,17 @@ class LinearAttention(nn.Module):
         gate_rank: rank of the low-rank gate projection (GLA uses 16).
         output_gate: ``o = RMSNorm(o) * silu(W_z x)`` per value head (Gated DeltaNet, GLA); else ``RMSNorm(o)``.
         chunk_size, form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
+        backend: passed to every linattn call (``"auto"``, ``"torch"``, ``"cpu"`` or ``"triton"``; see
+            :func:`linattn.linear_attention`).
 
     ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``. One token with a cache decodes through
     :func:`linattn.step`; longer inputs run ``form`` with the cache's state as initial state. With ``cu_seqlens``
-    (batch 1, packed sequences) the cache returned holds one entry per sequence.
+    (batch 1, packed sequences) the cache returned holds one entry per sequence. Every argument is checked up front:
+    ``x`` must be ``[B, T, hidden_size]`` in the parameters' dtype and device, ``cu_seqlens`` as in the API, and a
+    cache must come from a layer of the same rule, feature map, heads and widths, for the same batch.
     """
+
+    cache_name = "cache"  # what an error calls a bad cache (CausalLM sets "cache[i]" on its layer i)
 
     def __init__(
         self,
@@ -127,16 +145,41 @@ class LinearAttention(nn.Module):
         norm_eps: float = 1e-6,
         chunk_size: int = 64,
         form: str = "chunk",
+        backend: str = "auto",
     ):
         super().__init__()
-        if rule not in linattn.RULES:
-            raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(linattn.RULES)}")
-        self.rule, self.form, self.chunk_size = rule, form, chunk_size
-        self.feature_map = DEFAULT_FEATURE_MAP[rule] if feature_map == "default" else feature_map
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("head_dim", head_dim),
+                            ("gate_rank", gate_rank)):
+            check_int(name, value)
+        check_int("conv_size", conv_size, minimum=0)
+        check_optional_int("num_v_heads", num_v_heads)
+        check_optional_int("v_head_dim", v_head_dim)
+        # The API's own checks, up front: a bad value fails here, not at the first forward.
+        mod = api._rule_module(rule)
+        api._check_form(mod, rule, form)
+        api._check_scalars(0.0, "add", None, chunk_size)
+        kernels.check_backend(backend)
+        api._check_flag("output_gate", output_gate)
+        check_optional_bool("per_channel_gate", per_channel_gate)
+        if per_channel_gate and rule not in GATED_RULES:
+            raise ValueError(f"per_channel_gate=True: rule {rule!r} has no gate; use rule='gated' or 'gated_delta'")
+        check_positive_number("norm_eps", norm_eps, allow_zero=True)
+        default_map = isinstance(feature_map, str) and feature_map == "default"
+        self.feature_map = DEFAULT_FEATURE_MAP[rule] if default_map else feature_map
+        fmap = resolve_feature_map(self.feature_map)
+        # The state's key width, for the cache check: known for None and the named maps; a callable's is checked
+        # by the API at the call.
+        self._key_width = None
+        if fmap is None:
+            self._key_width = head_dim
+        elif isinstance(self.feature_map, str):
+            self._key_width = fmap(torch.zeros(1, head_dim)).shape[-1]
         self.normalize = (False if rule == "gated" else None) if normalize is None else normalize
-        self.num_heads, self.head_dim = num_heads, head_dim
-        self.num_v_heads = num_v_heads or num_heads
-        self.v_head_dim = v_head_dim or head_dim
+        self._normalized = api._resolve_normalize(rule, self.normalize)  # True is refused for the delta rules
+        self.rule, self.form, self.chunk_size, self.backend = rule, form, chunk_size, backend
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
+        self.num_v_heads = num_heads if num_v_heads is None else num_v_heads
+        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
         if self.num_v_heads % num_heads:
             raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of num_heads ({num_heads})")
         key_dim, value_dim = num_heads * head_dim, self.num_v_heads * self.v_head_dim
@@ -150,7 +193,7 @@ class LinearAttention(nn.Module):
             self.conv_weight = nn.Parameter(torch.randn(2 * key_dim + value_dim, conv_size) / math.sqrt(conv_size))
         self.per_channel_gate = (rule == "gated") if per_channel_gate is None else per_channel_gate
         HV = self.num_v_heads
-        if rule in ("gated", "gated_delta"):
+        if rule in GATED_RULES:
             gate_width = HV * head_dim if self.per_channel_gate else HV
             if self.per_channel_gate:
                 self.g_proj = nn.Sequential(nn.Linear(hidden_size, gate_rank, bias=False),
@@ -161,13 +204,13 @@ class LinearAttention(nn.Module):
                 self.A_log = nn.Parameter(torch.empty(HV).uniform_(1, 16).log())
                 dt = torch.exp(torch.rand(gate_width) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
                 self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
-        if rule in ("delta", "gated_delta"):
+        if rule in DELTA_RULES:
             self.b_proj = nn.Linear(hidden_size, HV, bias=False)
         self.o_norm = RMSNorm(self.v_head_dim, eps=norm_eps)
         self.z_proj = nn.Linear(hidden_size, value_dim, bias=False) if output_gate else None
 
     def _gate(self, x: torch.Tensor) -> torch.Tensor | None:
-        if self.rule not in ("gated", "gated_delta"):
+        if self.rule not in GATED_RULES:
             return None
         B, T, _ = x.shape
         raw = _wide(self.g_proj(x))
@@ -178,11 +221,50 @@ class LinearAttention(nn.Module):
                 raw + self.dt_bias)
         return g.view(B, T, self.num_v_heads, -1) if self.per_channel_gate else g
 
+    def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
+        """``cache`` continues this layer for a batch of B rows like ``x``: a :class:`LinearAttentionCache` whose
+        state this rule and feature map made, with this layer's heads and widths, and a convolution history that
+        matches ``conv_size``. A ValueError/TypeError calls it ``name`` (default ``self.cache_name``: ``"cache"``,
+        or ``"cache[i]"`` in layer i of a :class:`CausalLM`)."""
+        name = name or self.cache_name
+        if not isinstance(cache, LinearAttentionCache):
+            raise TypeError(f"{name} must be a LinearAttentionCache (from this layer's forward) or None, got "
+                            f"{type(cache).__name__}")
+        state = cache.state
+        if not isinstance(state, State):
+            raise TypeError(f"{name}.state must be a linattn.State, got {type(state).__name__}")
+        if state.rule is not None and state.rule != self.rule:
+            raise ValueError(f"{name} was made by a layer with rule {state.rule!r}; this layer runs rule "
+                             f"{self.rule!r} (a cache from another layer?)")
+        if state.feature_map is not None and state.feature_map != feature_map_name(self.feature_map):
+            raise ValueError(f"{name} was made with feature_map {state.feature_map!r}; this layer uses "
+                             f"{feature_map_name(self.feature_map)!r} (a cache from another layer?)")
+        if state.S.dim() != 4 or state.S.shape[0] != B:
+            raise ValueError(f"{name} holds a state for batch {tuple(state.S.shape)[:1]} ([B, HV, r, Dv] = "
+                             f"{tuple(state.S.shape)}) but x has batch B = {B}")
+        r = state.S.shape[2] if self._key_width is None else self._key_width
+        check_cache_tensor(f"{name}.state.S", state.S, (B, self.num_v_heads, r, self.v_head_dim),
+                           "[B, num_v_heads, feature width, v_head_dim]", x)
+        if self._normalized != (state.z is not None):
+            raise ValueError(f"{name}.state.z is {'None' if state.z is None else 'set'} but this layer "
+                             f"{'normalizes' if self._normalized else 'keeps no normalizer'} (a cache from another "
+                             "layer?)")
+        K = self.conv_size
+        if K and cache.conv is None:
+            raise ValueError(f"{name}.conv is None but this layer has a short convolution (conv_size={K}) whose last "
+                             f"{K - 1} inputs the cache must hold (a cache from another layer?)")
+        if not K and cache.conv is not None:
+            raise ValueError(f"{name}.conv is set but this layer has no short convolution (conv_size=0)")
+        if K:
+            C = 2 * self.num_heads * self.head_dim + self.num_v_heads * self.v_head_dim
+            check_cache_tensor(f"{name}.conv", cache.conv, (B, K - 1, C), "[B, conv_size - 1, channels]", x)
+
     def forward(self, x: torch.Tensor, cache: LinearAttentionCache | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, LinearAttentionCache]:
-        B, T, _ = x.shape
-        if cu_seqlens is not None and cache is not None:
-            raise ValueError("cache: packed sequences (cu_seqlens) start from empty caches; pass cache=None")
+        B, T = check_x(x, self.hidden_size, self.q_proj.weight)
+        cu_seqlens = check_packing(cu_seqlens, cache, B, T, x.device)
+        if cache is not None:
+            self.check_cache(cache, B, x)
         H, HV, Dk, Dv = self.num_heads, self.num_v_heads, self.head_dim, self.v_head_dim
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         conv_tail = None
@@ -194,8 +276,8 @@ class LinearAttention(nn.Module):
         q, k, v = qkv.split([H * Dk, H * Dk, HV * Dv], dim=-1)
         q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, HV, Dv)
         g = self._gate(x)
-        beta = _wide(self.b_proj(x)).sigmoid() if self.rule in ("delta", "gated_delta") else None
-        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize)
+        beta = _wide(self.b_proj(x)).sigmoid() if self.rule in DELTA_RULES else None
+        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend)
         if T == 1 and cache is not None:
             o, state = linattn.step(q[:, 0], k[:, 0], v[:, 0], cache.state, g=None if g is None else g[:, 0],
                                     beta=None if beta is None else beta[:, 0], **kwargs)
@@ -245,25 +327,48 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
 
 class SoftmaxAttention(nn.Module):
     """Causal softmax attention (PyTorch SDPA) with rotary positions and a KV cache; the same call signature as
-    :class:`LinearAttention`. ``cu_seqlens`` becomes a block-diagonal causal mask (positions restart per sequence);
-    the cache returned then is ``None``: sequences of different lengths have no common ``[B, L]`` cache."""
+    :class:`LinearAttention`. ``cu_seqlens`` (batch 1, as in the API) becomes a block-diagonal causal mask (positions
+    restart per sequence); the cache returned then is ``None``: sequences of different lengths have no common
+    ``[B, L]`` cache. It makes no linattn call, so it has no ``backend``."""
+
+    cache_name = "cache"  # as in LinearAttention
 
     def __init__(self, hidden_size: int, num_heads: int, head_dim: int, *, rope_base: float = 10000.0):
         super().__init__()
-        self.num_heads, self.head_dim, self.rope_base = num_heads, head_dim, rope_base
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("head_dim", head_dim)):
+            check_int(name, value)
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even (rotary embedding rotates pairs of channels), got {head_dim}")
+        check_positive_number("rope_base", rope_base)
+        self.hidden_size, self.num_heads, self.head_dim, self.rope_base = hidden_size, num_heads, head_dim, rope_base
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
+    def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
+        """``cache`` is a :class:`KVCache` of this layer's heads and width for B rows, in x's dtype and device;
+        errors call it ``name`` (default ``self.cache_name``, as in :meth:`LinearAttention.check_cache`)."""
+        name = name or self.cache_name
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"{name} must be a KVCache (from this layer's forward) or None, got {type(cache).__name__}")
+        L = cache.k.shape[1] if isinstance(cache.k, torch.Tensor) and cache.k.dim() == 4 else 0
+        for part in ("k", "v"):
+            t = getattr(cache, part)
+            check_cache_tensor(f"{name}.{part}", t, (B, L, self.num_heads, self.head_dim),
+                               "[B, L, num_heads, head_dim]", x)
+            if t.dtype != x.dtype:
+                raise TypeError(f"{name}.{part} is {t.dtype} but x is {x.dtype}")
+
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
-        B, T, _ = x.shape
+        B, T = check_x(x, self.hidden_size, self.q_proj.weight)
+        cu_seqlens = check_packing(cu_seqlens, cache, B, T, x.device)
+        if cache is not None:
+            self.check_cache(cache, B, x)
         H, D = self.num_heads, self.head_dim
         past = 0 if cache is None else cache.length
         if cu_seqlens is not None:
-            if cache is not None:
-                raise ValueError("cache: packed sequences (cu_seqlens) start from empty caches; pass cache=None")
             positions = _sequence_offsets(cu_seqlens, T)
         else:
             positions = torch.arange(past, past + T, device=x.device)
@@ -274,7 +379,7 @@ class SoftmaxAttention(nn.Module):
             k, v = torch.cat([cache.k, k], dim=1), torch.cat([cache.v, v], dim=1)
         mask = None
         if cu_seqlens is not None:
-            seq = torch.searchsorted(cu_seqlens.to(torch.int64)[1:], torch.arange(T, device=x.device), right=True)
+            seq = torch.searchsorted(cu_seqlens[1:], torch.arange(T, device=x.device), right=True)
             mask = (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         elif past and T > 1:
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)

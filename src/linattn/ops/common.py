@@ -1,9 +1,24 @@
-"""Pieces the chunk forms of every rule share: chunked layout, log-space gates, and the carry across chunks."""
+"""Pieces the forms of every rule share: chunked layout, log-space gates, the carry across chunks, and the division
+by the normalizer (:func:`normalized_read`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+def normalized_read(num_den: torch.Tensor, eps: float, eps_mode: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """num / den with the library's one epsilon convention; the last column of ``num_den`` holds den = q^T z.
+
+    ``"add"`` divides by den + eps, ``"clamp"`` by max(den, eps); eps = 0 divides exactly. Every torch path (the
+    forms, packed sequences, sequence parallelism) divides here, so they cannot drift apart.
+    """
+    num, den = num_den[..., :-1], num_den[..., -1:]
+    if eps_mode == "add":
+        den = den + eps if eps else den
+    else:
+        den = den.clamp_min(eps)
+    return torch.div(num, den) if out is None else torch.div(num, den, out=out)
 
 
 def to_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
