@@ -31,8 +31,8 @@ def test_rule_names_are_defined_once():
     own = {"reference.py"}
     for path in SRC.rglob("*.py"):
         rel = path.relative_to(SRC).as_posix()
-        if rel in own or rel.startswith("kernels/triton/") or rel == "ops/__init__.py":
-            continue  # (kernels/triton/__init__.py still has its copy: owned elsewhere, see NOTES_FOR_LEAD.md)
+        if rel in own or rel == "ops/__init__.py":
+            continue
         assert not re.search(r"^(RULES|GATED_RULES|DELTA_RULES|EPS_MODES)\s*=", path.read_text(), re.M), rel
 
 

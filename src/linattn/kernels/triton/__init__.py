@@ -29,11 +29,13 @@ from types import ModuleType
 
 import torch
 
+from linattn.ops import DELTA_RULES
+from linattn.ops.common import normalized_read
+
 __all__ = [
     "chunk_kernel", "step_kernel", "unavailable_reason", "interpreted", "linear_attention", "step", "SUPPORTED_DTYPES",
 ]
 
-DELTA_RULES = ("delta", "gated_delta")
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MODULES = ("_common", "_chunk", "_delta", "_step", "_backward", "_delta_backward")
 
@@ -183,13 +185,6 @@ def refusal(q: torch.Tensor, state: torch.Tensor, key_dim: int, chunk_size: int 
     return None
 
 
-def _read(num_den: torch.Tensor, eps: float, eps_mode: str) -> torch.Tensor:
-    """num / den, the last column holding den: the library's one epsilon convention (linattn.api._read)."""
-    num, den = num_den[..., :-1], num_den[..., -1:]
-    den = (den + eps if eps else den) if eps_mode == "add" else den.clamp_min(eps)
-    return num / den
-
-
 def linear_attention(
     *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
     beta: torch.Tensor | None, state: torch.Tensor, fmap, scale: float | None, normalize: bool, eps: float,
@@ -217,7 +212,7 @@ def linear_attention(
                               chunk_size=chunk_size, scale=scale)
     o = o.transpose(1, 2)
     if normalize:
-        o = _read(o.to(acc), eps, eps_mode)
+        o = normalized_read(o.to(acc), eps, eps_mode)
     return o.to(v.dtype).contiguous(), S
 
 
