@@ -240,7 +240,7 @@ def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, 
         dS' = D + k dp^T;  dk = D u + S' dp;  dq = s (S' do + k (u . do));  dg = sum_j dS' * S' (over the
         value columns: per key channel, or over everything per head);  dS_{t-1} = diag(a) dS'.
     Each value row j of D depends only on row j of dS_t, so one sweep per token does all of it; dq, dk and dg
-    collect in vectors of Dk.
+    collect in vectors of Dk. As in the forward, the token's vectors are first copied to local arrays.
     """
     N, H, Dw, Dk = dST.shape
     sc = np.float32(scale)
@@ -248,75 +248,80 @@ def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, 
         n = nh // H
         h = nh - n * H
         dSbh = dST[n, h]
-        buf = np.empty((every, Dw, Dk), dtype=np.float32)  # S_{t-1} for the segment's tokens
+        buf = np.empty((every, Dw, Dk), dtype=np.float32)  # buf[m]: the state before the segment's token m
         err = np.empty((every, Dw), dtype=np.float32)  # e = v - S'^T k (delta rules)
-        ga = np.empty(Dk, dtype=np.float32)
-        S = np.empty((Dw, Dk), dtype=np.float32)
-        acc_q = np.empty(Dk, dtype=np.float32)
-        acc_k = np.empty(Dk, dtype=np.float32)
-        acc_g = np.empty(Dk, dtype=np.float32)
+        vec = np.empty((8, Dk), dtype=np.float32)
+        qa, ka, kp, ga, acc_q, acc_k, acc_g = vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6]
         u = np.empty(Dw, dtype=np.float32)
         t_begin, t_end = cu[n], cu[n + 1]
         segments = (t_end - t_begin + every - 1) // every
         for c in range(segments - 1, -1, -1):
             s0 = t_begin + c * every
             s1 = min(s0 + every, t_end)
-            S[:, :] = ckpt[ck_start[n] + c, h]
+            buf[0] = ckpt[ck_start[n] + c, h]
             for t in range(s0, s1):  # recompute: the forward's update, without the read
-                buf[t - s0] = S
+                m = t - s0
                 for i in range(Dk):
                     ga[i] = np.float32(math.exp(g[t, h, i if per_channel else 0])) if gated else np.float32(1.0)
+                    ka[i] = k[t, h, i]
+                    kp[i] = ga[i] * ka[i]
                 bt = beta[t, h] if delta else np.float32(1.0)
+                Sin = buf[m]
+                last = t == s1 - 1
+                Sout = buf[m] if last else buf[m + 1]
                 for j in range(Dw):
                     pj = np.float32(0.0)
                     if delta:
                         for i in range(Dk):
-                            pj += ga[i] * S[j, i] * k[t, h, i]
+                            pj += kp[i] * Sin[j, i]
                     ej = v[t, h, j] - pj
-                    err[t - s0, j] = ej
-                    uj = bt * ej
-                    for i in range(Dk):
-                        S[j, i] = ga[i] * S[j, i] + k[t, h, i] * uj
+                    err[m, j] = ej
+                    if not last:
+                        uj = bt * ej
+                        for i in range(Dk):
+                            Sout[j, i] = ga[i] * Sin[j, i] + ka[i] * uj
             for t in range(s1 - 1, s0 - 1, -1):
-                Sp = buf[t - s0]
+                m = t - s0
+                Sp = buf[m]
+                qk = np.float32(0.0)
                 for i in range(Dk):
                     ga[i] = np.float32(math.exp(g[t, h, i if per_channel else 0])) if gated else np.float32(1.0)
+                    qa[i] = q[t, h, i]
+                    ka[i] = k[t, h, i]
+                    qk += qa[i] * ka[i]
                     acc_q[i] = np.float32(0.0)
                     acc_k[i] = np.float32(0.0)
                     acc_g[i] = np.float32(0.0)
                 bt = beta[t, h] if delta else np.float32(1.0)
-                qk = np.float32(0.0)
-                for i in range(Dk):
-                    qk += q[t, h, i] * k[t, h, i]
                 ud = np.float32(0.0)
                 db = np.float32(0.0)
                 for j in range(Dw):
                     dj = do[t, h, j]
-                    uj = bt * err[t - s0, j] if delta else v[t, h, j]
+                    uj = bt * err[m, j] if delta else v[t, h, j]
                     u[j] = uj
                     ud += uj * dj
-                    duj = sc * dj * qk  # (D^T k)_j = (dS_t^T k)_j + s do_j (q . k)
+                    duj = np.float32(0.0)
                     for i in range(Dk):
-                        duj += dSbh[j, i] * k[t, h, i]
+                        duj += dSbh[j, i] * ka[i]
+                    duj += sc * dj * qk  # (D^T k)_j = (dS_t^T k)_j + s do_j (q . k)
                     if delta:
                         dv[t, h, j] = bt * duj
-                        db += duj * err[t - s0, j]
+                        db += duj * err[m, j]
                         dpj = -bt * duj
                     else:
                         dv[t, h, j] = duj
                         dpj = np.float32(0.0)
                     sdj = sc * dj
                     for i in range(Dk):
-                        ki = k[t, h, i]
                         sp = ga[i] * Sp[j, i]
-                        dji = dSbh[j, i] + sdj * q[t, h, i]
-                        dsp = dji + dpj * ki
+                        dji = dSbh[j, i] + sdj * qa[i]
+                        dsp = dji + dpj * ka[i]
                         acc_k[i] += dji * uj + sp * dpj
                         acc_q[i] += sp * dj
                         acc_g[i] += dsp * sp
                         dSbh[j, i] = ga[i] * dsp
                 for i in range(Dk):
-                    dq[t, h, i] = sc * (acc_q[i] + k[t, h, i] * ud)
+                    dq[t, h, i] = sc * (acc_q[i] + ka[i] * ud)
                     dk[t, h, i] = acc_k[i]
                 if delta:
                     dbeta[t, h] = db
