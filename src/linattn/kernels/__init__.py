@@ -153,7 +153,7 @@ def _f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
 
 # Rules whose compiled backward "auto" takes when inputs require grad (measured faster than the torch chunk form's
 # backward, docs/perf.md); "cpu" takes it for every rule.
-AUTO_BACKWARD_RULES: tuple[str, ...] = ()
+AUTO_BACKWARD_RULES: tuple[str, ...] = ("delta", "gated_delta")
 # Tokens between the state checkpoints the compiled forward keeps for its backward: the backward recomputes one
 # segment's states into a buffer of CHECKPOINT_EVERY x Dk x Dw per head (512 KiB at D = 64: it stays in L2).
 CHECKPOINT_EVERY = 32
