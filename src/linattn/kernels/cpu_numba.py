@@ -179,7 +179,9 @@ def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, d
             else:
                 for i in range(Dk):
                     ga[i] = a
-                    kp[i] = ka[i]
+                if delta:
+                    for i in range(Dk):
+                        kp[i] = ka[i]
             ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the reads
             for j in range(Dv):
                 w[j] = v[t, h, j]
