@@ -49,7 +49,7 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
         hq = h // group
         Sbh = S[b, h]
         r, p, w = work[bh, 0], work[bh, 1], work[bh, 2]
-        qa, ga, kp = work[bh, 3, :Dk], work[bh, 4, :Dk], work[bh, 5, :Dk]
+        qa, ga, kp = work[bh, 3, :Dk], work[bh, 4, :Dk], work[bh, 5]
         ga[:] = np.float32(1.0)
         for t in range(T):
             qt = q[b, t, hq]
@@ -69,8 +69,8 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
             else:
                 for i in range(Dk):
                     qa[i] = qt[i]
-                    kp[i] = kt[i]
-            ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the prediction S^T kp
+            kr = kp if per_channel else kt  # the key the prediction reads: S'^T k = S^T kr (times ap)
+            ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the prediction
             for j in range(Dv):
                 w[j] = vt[j]
             if normalize:
@@ -82,7 +82,7 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
                 i4 = Dk - Dk % 4
                 for i in range(0, i4, 4):
                     r0, r1, r2, r3 = Sbh[i], Sbh[i + 1], Sbh[i + 2], Sbh[i + 3]
-                    k0, k1, k2, k3 = kp[i], kp[i + 1], kp[i + 2], kp[i + 3]
+                    k0, k1, k2, k3 = kr[i], kr[i + 1], kr[i + 2], kr[i + 3]
                     q0, q1, q2, q3 = qa[i], qa[i + 1], qa[i + 2], qa[i + 3]
                     for j in range(Dw):
                         s0, s1, s2, s3 = r0[j], r1[j], r2[j], r3[j]
@@ -90,7 +90,7 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
                         r[j] += q0 * s0 + q1 * s1 + q2 * s2 + q3 * s3
                 for i in range(i4, Dk):
                     row = Sbh[i]
-                    ki = kp[i]
+                    ki = kr[i]
                     qi = qa[i]
                     for j in range(Dw):
                         s = row[j]
