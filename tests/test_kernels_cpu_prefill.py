@@ -242,3 +242,31 @@ def test_compiled_backward_under_auto_only_where_enabled(monkeypatch):
     o2, _ = linattn.linear_attention(q, k, v, **kw)
     (gq2,) = torch.autograd.grad(o2.sum(), q)
     assert calls == [1] and rel_err(gq2, np64(gq)) < 1e-4
+
+
+def test_parallel_builds_match_serial(monkeypatch):
+    """The prange builds (taken above PARALLEL_MIN_WORK with more than one thread) give the serial results,
+    forward and backward, packed and grouped."""
+    import numba
+
+    from linattn.kernels import cpu_numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    q, k, v, kw, cu = packed("gated_delta", "channel")
+    leaves = [x.requires_grad_(True) for x in (q, k, v, kw["g"], kw["beta"])]
+    runs, launched = [], []
+    real_launch = cpu_numba._launch
+    monkeypatch.setattr(cpu_numba, "_launch", lambda p, s, args, n: launched.append(n) or real_launch(p, s, args, n))
+    for threads, min_work in ((1, 1 << 62), (2, 0)):
+        monkeypatch.setattr(cpu_numba, "PARALLEL_MIN_WORK", min_work)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            o, S = linattn.linear_attention(q, k, v, backend="cpu", cu_seqlens=cu, output_final_state=True, **kw)
+            runs.append((o, S.S, *torch.autograd.grad((o * o).sum() + S.S.sum(), leaves)))
+        finally:
+            torch.set_num_threads(before)
+    assert launched == [1, 1, 2, 2]  # forward and backward, serial then parallel
+    for a, b in zip(*runs, strict=True):
+        assert rel_err(b, np64(a)) < 1e-5
