@@ -30,12 +30,12 @@ import torch  # noqa: E402
 from linattn.kernels import cpu_numba  # noqa: E402
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath={"contract"})
+@numba.njit(cache=True, nogil=True, fastmath={"contract"})  # serial: the timing is per thread
 def chunk_forward(q, k, v, g, S0, o, C, scale, gated):
     """q, k [T, H, Dk]; v [T, H, Dw]; g [T, H] (read when ``gated``); S0 [H, Dk, Dw] (updated); o [T, H, Dw]."""
     T, H, Dk = q.shape
     Dw = v.shape[2]
-    for h in numba.prange(H):
+    for h in range(H):
         S = S0[h].copy()
         Qc = np.empty((C, Dk), dtype=np.float32)
         Kc = np.empty((C, Dk), dtype=np.float32)
