@@ -179,9 +179,7 @@ def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, d
             else:
                 for i in range(Dk):
                     ga[i] = a
-                if delta:
-                    for i in range(Dk):
-                        kp[i] = ka[i]
+            kr = kp if per_channel else ka  # the key the prediction reads: S'^T k = ap * S^T kr
             ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the reads
             for j in range(Dv):
                 w[j] = v[t, h, j]
@@ -194,7 +192,7 @@ def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, d
                     rj = np.float32(0.0)
                     for i in range(Dk):
                         s = STbh[j, i]
-                        pj += kp[i] * s
+                        pj += kr[i] * s
                         rj += qa[i] * s
                     uj = bt * (w[j] - ap * pj)
                     if per_channel:
