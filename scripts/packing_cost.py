@@ -1,5 +1,7 @@
 """What packing costs: one ``cu_seqlens`` call against a Python loop of separate calls and against one unpacked
-call over the same T tokens (a floor: it mixes the sequences), gated delta chunk form, H=8, D=64, float32.
+call over the same T tokens (a floor: it mixes the sequences), gated delta chunk form, H=8, D=64, float32; the
+torch path (``backend="torch"``: padded segments) and the compiled kernel (``backend="cpu"``: packed rows as they
+lie, one state per sequence) side by side.
 
     python scripts/packing_cost.py --threads 1
 """
@@ -23,7 +25,8 @@ MIXES = {
 
 
 def measure(lengths: list[int], repeats: int) -> list[float]:
-    """Median ms of (packed, separate calls, one unpacked call), interleaved so load changes fall on all alike."""
+    """Median ms of (packed, separate calls, one unpacked call) on the torch path, then (packed, unpacked) compiled;
+    interleaved so load changes fall on all alike."""
     H, D = 8, 64
     kw = dict(rule="gated_delta", feature_map="l2")
     T = sum(lengths)
@@ -31,17 +34,19 @@ def measure(lengths: list[int], repeats: int) -> list[float]:
     q, k, v = (torch.randn(1, T, H, D) for _ in range(3))
     g, beta = -torch.rand(1, T, H) * 0.1, torch.rand(1, T, H)
 
-    def packed():
-        linattn.linear_attention(q, k, v, g=g, beta=beta, cu_seqlens=cu, **kw)
+    def packed(backend):
+        linattn.linear_attention(q, k, v, g=g, beta=beta, cu_seqlens=cu, backend=backend, **kw)
 
     def separate():
         for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-            linattn.linear_attention(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b], **kw)
+            linattn.linear_attention(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                                     backend="torch", **kw)
 
-    def unpacked():
-        linattn.linear_attention(q, k, v, g=g, beta=beta, **kw)
+    def unpacked(backend):
+        linattn.linear_attention(q, k, v, g=g, beta=beta, backend=backend, **kw)
 
-    fns = [packed, separate, unpacked]
+    fns = [lambda: packed("torch"), separate, lambda: unpacked("torch"), lambda: packed("cpu"),
+           lambda: unpacked("cpu")]
     for fn in fns:
         fn()
     samples = [[] for _ in fns]
@@ -63,9 +68,10 @@ def main() -> None:
     for name, lengths in MIXES.items():
         ms = measure(lengths, args.repeats)
         seg = plan_segment(torch.tensor(lengths), 64)
-        print(f"{name:8s} T={sum(lengths):5d} segment {seg:5d}: packed {ms[0]:7.1f} ms, separate calls {ms[1]:7.1f} "
-              f"ms, one unpacked call {ms[2]:7.1f} ms (packed / unpacked {ms[0] / ms[2]:.2f}x)")
-
+        print(f"{name:8s} T={sum(lengths):5d} segment {seg:5d}: torch: packed {ms[0]:7.1f} ms, separate calls "
+              f"{ms[1]:7.1f} ms, one unpacked call {ms[2]:7.1f} ms (packed / unpacked {ms[0] / ms[2]:.2f}x); "
+              f"compiled: packed {ms[3]:6.1f} ms, unpacked {ms[4]:6.1f} ms (torch packed / compiled packed "
+              f"{ms[0] / ms[3]:.1f}x)")
 
 if __name__ == "__main__":
     main()

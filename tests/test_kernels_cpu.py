@@ -127,8 +127,8 @@ def test_auto_uses_torch_when_grad_is_needed():
     assert o.grad_fn is not None  # the torch form ran (the compiled kernel has no backward)
     o.sum().backward()
     assert q.grad is not None
-    with pytest.raises(ValueError, match="backend='cpu'.*backward"):
-        linattn.linear_attention(q, k, v, backend="cpu", **kw)
+    o_cpu, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)  # forced: the compiled backward
+    assert o_cpu.grad_fn is not None and rel_err(o_cpu, np64(o)) < 1e-5
     with torch.no_grad():  # no graph asked for: the compiled kernel may run
         o_cpu, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)
     assert rel_err(o_cpu, np64(o)) < 1e-5
@@ -168,17 +168,16 @@ def test_missing_numba_warns_once_and_falls_back(monkeypatch):
 
 
 def test_dispatch_refuses_what_the_kernel_does_not_know():
-    """Arguments the compiled kernel does not take (packed sequences, grouped value heads) go to the torch forms."""
+    """Arguments the compiled kernel does not take go to the torch forms (packed sequences and grouped value heads
+    it takes: tests/test_kernels_cpu_prefill.py)."""
     q, k, v, kw = make("gated_delta", "head", B=1, T=9, H=2, gates="range")
     S = torch.zeros(1, 2, 5, 7)
     common = dict(rule="gated_delta", form="chunk", q=q, k=k, v=v, g=kw["g"], beta=kw["beta"], state=S, fmap=None,
                   scale=None, normalize=False, eps=1e-6, eps_mode="add", grad=False)
     assert kernels.linear_attention("auto", **common, cu_seqlens=None) is not None
-    assert kernels.linear_attention("auto", **common, cu_seqlens=torch.tensor([0, 4, 9])) is None
-    with pytest.raises(ValueError, match="cu_seqlens"):
-        kernels.linear_attention("cpu", **common, cu_seqlens=torch.tensor([0, 4, 9]))
-    grouped = dict(common, v=torch.randn(1, 9, 4, 7))  # HV = 2 H
-    assert kernels.linear_attention("auto", **grouped) is None
+    assert kernels.linear_attention("auto", **common, sliding_window=4) is None
+    with pytest.raises(ValueError, match="sliding_window"):
+        kernels.linear_attention("cpu", **common, sliding_window=4)
     assert kernels.linear_attention("torch", **common) is None
 
 

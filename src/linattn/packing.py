@@ -21,6 +21,10 @@ is the padding and the smaller, wider batches. Chunk-aligned packing in one row 
 multiple of the chunk, cost at most T + N*C in one call) needs the chunk carry to restart at each sequence start,
 a change in every kernel; that is left for a fused backend.
 
+On the CPU with a float32 state, the compiled prefill (:mod:`linattn.kernels.cpu_numba`) takes the packed tokens
+as they lie instead: one state per sequence, no padding, no segments (``backend="auto"`` or ``"cpu"``; see
+docs/perf.md). What follows describes the torch path.
+
 The normalizer z is handled here rather than by the inner call: the inner call runs unnormalized on [v | 1] (the
 ones column is 0 in the padding), and the division happens only at real tokens after the gather, so padding
 never divides 0 by 0 (which with ``eps=0`` would put NaN into the gradients through the discarded outputs).
@@ -163,6 +167,15 @@ def packed_linear_attention(
     if normalize:
         vv = api._with_ones_column(vv)
     S = torch.zeros(N, HV, Dk, vv.shape[-1], dtype=dtype, device=q.device) if S0 is None else S0.S
+    # A compiled backend runs the packed tokens directly, one state per sequence (no padding, no segments).
+    kernels.check_backend(backend)
+    tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
+    fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S,
+                                    fmap=fmap, scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode,
+                                    grad=grad, chunk_size=chunk_size, cu_seqlens=cu)
+    if fast is not None:
+        return fast[0], (api._split(fast[1], normalize, rule, feature_map) if output_final_state else None)
     seg = plan_segment(lengths.cpu(), chunk_size)
     sources, outputs = [], []
     for j in range(-(-int(lengths.max()) // seg)):  # segments, each one call over all running sequences

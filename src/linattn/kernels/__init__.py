@@ -7,9 +7,13 @@ numba token loop (:mod:`linattn.kernels.cpu_numba`) and raises a ``ValueError`` 
 ``backend="triton"`` forces the Triton kernels (:mod:`linattn.kernels.triton`; CUDA, or CPU tensors under
 ``TRITON_INTERPRET=1``) and raises a ``ValueError`` naming the reason where they cannot run.
 
-The compiled kernels compute forward only, from a float32 state, on CPU tensors: a call that needs autograd,
-another state dtype, a device other than the CPU, or more than the rule's plain inputs runs the torch form. If
-numba is missing or fails to load, "cpu" and "auto" run the torch form after one warning.
+The compiled CPU prefill runs from a float32 state on CPU tensors, with grouped value heads, per-channel gates on
+every gated rule (Kimi Delta Attention on gated_delta) and packed sequences (``cu_seqlens``, one state per
+sequence, no padding). It has a compiled backward (reverse-time token loop from state checkpoints): "cpu" takes it
+whenever inputs require grad, "auto" only for the rules in ``AUTO_BACKWARD_RULES`` (measured faster). Another state
+dtype, a device other than the CPU, or an argument the kernel does not know runs the torch form; so does
+autograd through the decode step. If numba is missing or fails to load, "cpu" and "auto" run the torch form after
+one warning.
 
 Each entry point returns ``None`` when the torch form should run, so the caller keeps its own path unchanged.
 """
@@ -20,6 +24,7 @@ import importlib
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
@@ -55,19 +60,14 @@ def _load_cpu():
 
 
 def _cpu_refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
-    """Why the CPU kernel cannot take this call, or None when it can. ``tensors`` is (q, k, v, g, beta).
+    """Why the CPU kernel cannot take this call, or None when it can. ``tensors`` is (q, k, v, g, beta); ``grad``:
+    the call needs a backward the kernel lacks (the decode step has none; prefill has one).
 
-    Inputs the kernel does not know (e.g. packed sequences, passed through ``extra``), grouped value heads and
-    per-channel gates on the delta rules go to the torch forms.
+    Inputs the kernel does not know (passed through ``extra``) go to the torch forms.
     """
-    q, _, v, g, _ = tensors
     unknown = [name for name, x in (extra or {}).items() if x is not None]
     if unknown:
         return f"it does not take {', '.join(unknown)}"
-    if v.shape[-2] != q.shape[-2]:
-        return "it needs as many value heads as query heads"
-    if g is not None and rule in ("delta", "gated_delta") and g.dim() == q.dim():
-        return "its delta rules take one gate per head"
     if grad:
         return "it has no backward (inputs require grad)"
     if state.device.type != "cpu" or any(t is not None and t.device.type != "cpu" for t in tensors):
@@ -153,40 +153,120 @@ def _f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     return a if shape is None else a.reshape(shape)
 
 
+# Rules whose compiled backward "auto" takes when inputs require grad (measured faster than the torch chunk form's
+# backward, docs/perf.md); "cpu" takes it for every rule.
+AUTO_BACKWARD_RULES: tuple[str, ...] = ("delta", "gated_delta")
+# Tokens between the state checkpoints the compiled forward keeps for its backward: the backward recomputes one
+# segment's states into a buffer of CHECKPOINT_EVERY x Dk x Dw per head (512 KiB at D = 64: it stays in L2).
+CHECKPOINT_EVERY = 32
+
+
 def linear_attention(
     backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, fmap: Callable | None,
     scale: float | None, normalize: bool, eps: float, eps_mode: str, grad: bool, chunk_size: int = 64,
-    **extra: object,
+    cu_seqlens: torch.Tensor | None = None, **extra: object,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Whole sequence on a compiled backend, or None for the torch forms (``chunk_size``: the Triton chunk
     kernels take 16, 32 or 64; the CPU token loop has no chunks).
 
     Inputs as validated by :func:`linattn.linear_attention` (public layout ``[B, T, H, D]``, before the feature
-    map); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the normalizer as last column), not modified.
-    ``extra``: any further argument of the public call (e.g. ``cu_seqlens``); a compiled kernel runs only when all
-    of them are None. Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state in the augmented layout.
+    map; v may have a multiple of q's heads); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the
+    normalizer as last column), not modified. ``cu_seqlens`` (checked int64 ``[N + 1]``, B = 1): packed sequences,
+    ``state`` then ``[N, H, ...]``. ``extra``: any further argument of the public call; a compiled kernel runs only
+    when all of them are None. ``grad``: inputs require grad (the compiled prefill has a backward). Returns
+    ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state(s) in the augmented layout.
     """
+    if cu_seqlens is not None and (backend == "triton" or q.is_cuda):
+        return None  # packed on Triton: the caller runs padded segments, each one Triton call
     kt = _use_triton(backend, q, (q, k, v, g, beta), rule, state, None, extra, chunk_size)
     if kt is not None:
         return kt.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap, scale=scale,
                                    normalize=normalize, eps=eps, eps_mode=eps_mode, chunk_size=chunk_size)
     if backend == "triton" or q.is_cuda:
         return None
-    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, grad, extra)
-    if not _resolve(backend, refusal, form in AUTO_FORMS):
+    refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, False, extra)
+    auto_ok = form in AUTO_FORMS and (not grad or rule in AUTO_BACKWARD_RULES)
+    if not _resolve(backend, refusal, auto_ok):
         return None
+    B, T, Hq, _ = q.shape
+    H, Dv = v.shape[-2:]
+    cu = (np.arange(B + 1, dtype=np.int64) * T if cu_seqlens is None
+          else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
     qf, kf = q.to(torch.float32), k.to(torch.float32)
     if fmap is not None:
         qf, kf = fmap(qf), fmap(kf)
-    scale = qf.shape[-1] ** -0.5 if scale is None else float(scale)
+    Dk = qf.shape[-1]
+    scale = Dk**-0.5 if scale is None else float(scale)
     if g is not None and g.dim() == 3:
         g = g.unsqueeze(-1)  # one gate per head: [B, T, H, 1]
+    flat = (B * T, H)  # the kernels see the batch as packed rows: cu = [0, T, 2T, ...]
+    if grad:
+        return _with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq)
     ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
-    o = torch.empty(v.shape, dtype=torch.float32)
-    _cpu_module.run(_f32(qf), _f32(kf), _f32(v), _f32(g), _f32(beta), ST.numpy(), o.numpy(), scale=scale,
-                    eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize, transposed=True)
-    return o.to(v.dtype), ST.transpose(-1, -2).contiguous()
+    o = torch.empty(B * T, H, Dv, dtype=torch.float32)
+    _cpu_module.prefill(_f32(qf, (B * T, Hq, Dk)), _f32(kf, (B * T, Hq, Dk)), _f32(v, (*flat, Dv)),
+                        _f32(g, (*flat, -1)), _f32(beta, flat), cu, ST.numpy(), o.numpy(), scale=scale,
+                        eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize)
+    return o.view(B, T, H, Dv).to(v.dtype), ST.transpose(-1, -2).contiguous()
+
+
+def _with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq):
+    """The compiled prefill inside autograd. Around the kernel everything stays torch, so autograd differentiates
+    it: the feature map (already applied), the grouping of value heads (q and k repeated to every value head, so
+    their gradients sum over the group), the casts to float32, and the normalizer (the kernel reads [v | 1]
+    unnormalized; the division happens here)."""
+    if H != Hq:
+        qf, kf = qf.repeat_interleave(H // Hq, dim=-2), kf.repeat_interleave(H // Hq, dim=-2)
+    Dk, Dv = qf.shape[-1], v.shape[-1]
+    vw = v.to(torch.float32)
+    if normalize:
+        vw = torch.cat([vw, torch.ones_like(vw[..., :1])], dim=-1)
+    Dw = vw.shape[-1]
+    flat = (B * T, H)
+    o, S = _CompiledPrefill.apply(
+        qf.reshape(*flat, Dk), kf.reshape(*flat, Dk), vw.reshape(*flat, Dw),
+        None if g is None else g.to(torch.float32).reshape(*flat, -1),
+        None if beta is None else beta.to(torch.float32).reshape(flat), state, cu, scale, CHECKPOINT_EVERY)
+    if normalize:
+        num, den = o[..., :Dv], o[..., Dv:]
+        o = num / (den + eps if eps_mode == "add" else den.clamp_min(eps))
+    return o.view(B, T, H, Dv).to(v.dtype), S
+
+
+class _CompiledPrefill(torch.autograd.Function):
+    """The compiled token loop with a compiled backward (:func:`linattn.kernels.cpu_numba.backward`).
+
+    Inputs: float32 ``q, k [T, H, Dk]`` (already at the value heads), ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]`` or
+    None, ``beta [T, H]`` or None, ``S0 [N, H, Dk, Dw]``, then ``cu`` (int64 NumPy), the scale and the checkpoint
+    spacing. Returns the unnormalized read ``[T, H, Dw]`` and the final states ``[N, H, Dk, Dw]``. Saved for the
+    backward: the inputs and one state every ``every`` tokens (T / every states per head).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, S0, cu, scale, every):
+        ST = S0.detach().to(torch.float32).transpose(-1, -2).contiguous()
+        o = torch.empty(v.shape, dtype=torch.float32)
+        ckpt = _cpu_module.prefill(_f32(q), _f32(k), _f32(v), _f32(g), _f32(beta), cu, ST.numpy(), o.numpy(),
+                                   scale=scale, eps=0.0, clamp=False, normalize=False, every=every)
+        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
+        return o, ST.transpose(-1, -2).contiguous()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_o, grad_S):
+        q, k, v, g, beta = ctx.saved_tensors
+        N, H, Dk, Dw = len(ctx.cu) - 1, q.shape[1], q.shape[2], v.shape[2]
+        dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
+               else grad_S.to(torch.float32).transpose(-1, -2).contiguous())
+        do = torch.zeros(v.shape) if grad_o is None else grad_o.to(torch.float32).contiguous()
+        dq, dk, dv, dg, dbeta = _cpu_module.backward(
+            _f32(q), _f32(k), _f32(v), _f32(g), _f32(beta), ctx.cu, ctx.ckpt, dST.numpy(), do.numpy(),
+            scale=ctx.scale, every=ctx.every)
+        t = torch.from_numpy
+        return (t(dq), t(dk), t(dv), None if dg is None else t(dg), None if dbeta is None else t(dbeta),
+                dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None)
 
 
 def step(

@@ -255,5 +255,6 @@ def render_markdown(doc: dict[str, Any]) -> str:
                          f"{r['frac_matmul']:.0%} | {_mib(r['peak_mem_bytes'])} | {sp_text} |")
     lines += ["", "linattn speedup = that row's time / linattn's time for the same variant and shape (softmax rows: "
               "vs linattn accumulate). linattn is the torch form (backend='torch'), linattn.cpu the compiled kernel "
-              "(backend='cpu', forward and decode only). FLOP and byte counts: docs/perf.md."]
+              "(backend='cpu': forward, forward + its compiled backward, and decode). FLOP and byte counts: "
+              "docs/perf.md."]
     return "\n".join(lines) + "\n"

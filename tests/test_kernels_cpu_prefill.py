@@ -1,0 +1,272 @@
+"""The compiled prefill (``backend="cpu"``) beyond the plain case: grouped value heads, per-key-channel gates on the
+delta rules (Kimi Delta Attention), packed sequences, and its compiled backward; against the float64 reference
+and the torch forms.
+
+Shapes are awkward on purpose (T not a multiple of the checkpoint spacing, odd widths, B and H > 1, Dk != Dv);
+gates are drawn near 0 (g = -30), near 1 (g = -1e-4), at -inf (a full reset) and across the range. Tolerances as
+in test_kernels_cpu.py: 2e-4 for float32 (the token loop typically reaches 1e-6), 2e-2 for bfloat16 inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import np64, reference_call, rel_err
+
+import linattn
+from linattn import State, kernels
+
+pytest.importorskip("numba")
+
+# (rule, gate kind, normalize): every rule, and both gate kinds on both gated rules (channel on gated_delta: KDA)
+VARIANTS = [
+    ("accumulate", None, True),
+    ("accumulate", None, False),
+    ("gated", "head", True),
+    ("gated", "channel", True),
+    ("gated", "channel", False),
+    ("delta", None, False),
+    ("gated_delta", "head", False),
+    ("gated_delta", "channel", False),
+]
+
+
+def make(rule, gate, B=2, T=37, Hq=3, group=1, Dk=5, Dv=7, gates="mixed", dtype=torch.float32, seed=0):
+    """Inputs with ``Hq`` query/key heads and ``Hq * group`` value heads."""
+    gen = torch.Generator().manual_seed(seed)
+    H = Hq * group
+    q, k = torch.randn(B, T, Hq, Dk, generator=gen), torch.randn(B, T, Hq, Dk, generator=gen)
+    v = torch.randn(B, T, H, Dv, generator=gen)
+    kw = {"rule": rule}
+    if rule in ("delta", "gated_delta"):
+        k = F.normalize(k, dim=-1)
+        kw["beta"] = torch.rand(B, T, H, generator=gen) * 1.5
+    else:
+        q, k = F.elu(q) + 1, F.elu(k) + 1  # positive features: the normalizer stays away from 0
+    if gate is not None:
+        shape = (B, T, H) if gate == "head" else (B, T, H, Dk)
+        g = F.logsigmoid(torch.randn(*shape, generator=gen) * 3)
+        if gates == "mixed":  # near 1, near 0 and -inf (a full reset) at fixed tokens, random elsewhere
+            g[:, 3], g[:, 9], g[:, T // 2] = -1e-4, -30.0, -torch.inf
+        kw["g"] = g
+    return q.to(dtype), k.to(dtype), v.to(dtype), kw
+
+
+def initial(B, H, Dk, Dv, normalize, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return State(torch.randn(B, H, Dk, Dv, generator=gen), torch.rand(B, H, Dk, generator=gen) if normalize else None)
+
+
+def check(o, S, ref, tol):
+    o_ref, S_ref, z_ref = ref
+    assert rel_err(o, o_ref) < tol
+    assert rel_err(S.S, S_ref) < tol
+    if z_ref is not None:
+        assert rel_err(S.z, z_ref) < tol
+
+
+# ---------------------------------------------------------------------------------------------- forward
+@pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_prefill_grouped_heads_and_channel_gates(rule, gate, normalize, group):
+    q, k, v, kw = make(rule, gate, Hq=2, group=group)
+    B, _, H, Dv = v.shape
+    init = initial(B, H, q.shape[-1], Dv, normalize)
+    for eps, eps_mode in ((1e-6, "add"), (0.5, "clamp")):
+        args = dict(kw, normalize=normalize, eps=eps, eps_mode=eps_mode, initial_state=init)
+        o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+        assert o.dtype == torch.float32 and o.shape == v.shape
+        check(o, S, reference_call(q, k, v, **args), 2e-4)
+        # auto takes the compiled kernel too and agrees with the torch form
+        o_auto, _ = linattn.linear_attention(q, k, v, **args)
+        assert torch.equal(o_auto, o)
+        o_torch, _ = linattn.linear_attention(q, k, v, backend="torch", **args)
+        assert rel_err(o, np64(o_torch)) < 2e-4
+
+
+@pytest.mark.parametrize("rule,gate,normalize", [VARIANTS[3], VARIANTS[6], VARIANTS[7]])
+def test_prefill_grouped_bfloat16_inputs_float32_state(rule, gate, normalize):
+    q, k, v, kw = make(rule, gate, Hq=2, group=2, T=70, dtype=torch.bfloat16)
+    if "g" in kw:
+        kw["g"] = kw["g"].to(torch.bfloat16)
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", normalize=normalize, output_final_state=True, **kw)
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    check(o, S, reference_call(q, k, v, normalize=normalize, **kw), 2e-2)
+
+
+def test_channel_gated_delta_feature_map_and_resets():
+    """KDA with l2 features, gates all -inf at one token (the state before it is forgotten exactly)."""
+    q, k, v, kw = make("gated_delta", "channel", Hq=1, group=4, T=23, Dk=6, Dv=3)
+    kw["g"][:, 11] = -torch.inf
+    args = dict(kw, feature_map="l2", scale=0.8, initial_state=initial(2, 4, 6, 3, False))
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+    check(o, S, reference_call(q, k, v, **args), 2e-4)
+    # after the reset, the outputs do not depend on the initial state
+    o2, _ = linattn.linear_attention(q, k, v, backend="cpu", **dict(args, initial_state=initial(2, 4, 6, 3, False, 7)))
+    assert torch.equal(o2[:, 11:], o[:, 11:]) and not torch.equal(o2[:, :11], o[:, :11])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channel_gated_delta_step(dtype):
+    """Decode with per-channel gates on gated delta runs the compiled token loop ([Dk, Dv] layout)."""
+    q, k, v, kw = make("gated_delta", "channel", B=2, T=12, Hq=3, gates="mixed")
+    state = initial(2, 3, 5, 7, False)
+    ref = reference_call(q, k, v, initial_state=state, **kw)
+    outs = []
+    for t in range(q.shape[1]):
+        tok = {n: x[:, t].to(dtype) for n, x in kw.items() if isinstance(x, torch.Tensor)}
+        o, state = linattn.step(q[:, t].to(dtype), k[:, t].to(dtype), v[:, t].to(dtype), state,
+                                rule="gated_delta", backend="cpu", **tok)
+        outs.append(o)
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    assert rel_err(torch.stack(outs, dim=1), ref[0]) < tol and rel_err(state.S, ref[1]) < tol
+
+
+# ---------------------------------------------------------------------------------------------- packed
+LENGTHS = [5, 0, 1, 40, 0, 9, 33]  # empty, one token, longer than the checkpoint spacing (32), ragged
+
+
+def packed(rule, gate, lengths=LENGTHS, Hq=2, group=2, Dk=5, Dv=3, dtype=torch.float32, seed=0):
+    T = sum(lengths)
+    q, k, v, kw = make(rule, gate, B=1, T=T, Hq=Hq, group=group, Dk=Dk, Dv=Dv, dtype=dtype, seed=seed)
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    return q, k, v, kw, cu
+
+
+@pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
+def test_packed_matches_reference_and_torch_path(rule, gate, normalize):
+    q, k, v, kw, cu = packed(rule, gate)
+    N, H = len(LENGTHS), v.shape[2]
+    args = dict(kw, normalize=normalize, initial_state=initial(N, H, 5, 3, normalize), cu_seqlens=cu,
+                feature_map="elu1" if normalize else None)
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+    assert o.shape == v.shape and S.S.shape == (N, H, 5, 3)
+    check(o, S, reference_call(q, k, v, **args), 2e-4)
+    o_t, S_t = linattn.linear_attention(q, k, v, backend="torch", output_final_state=True, **args)
+    assert rel_err(o, np64(o_t)) < 2e-4 and rel_err(S.S, np64(S_t.S)) < 2e-4
+    for i in (1, 4):  # the empty sequences keep their initial states exactly
+        assert torch.equal(S.S[i], args["initial_state"].S[i])
+
+
+def test_packed_no_initial_state_bfloat16():
+    q, k, v, kw, cu = packed("gated_delta", "channel", dtype=torch.bfloat16)
+    kw["g"] = kw["g"].to(torch.bfloat16)
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", cu_seqlens=cu, output_final_state=True, **kw)
+    assert o.dtype == torch.bfloat16 and S.S.dtype == torch.float32
+    check(o, S, reference_call(q, k, v, cu_seqlens=cu, **kw), 2e-2)
+    assert torch.equal(S.S[1], torch.zeros_like(S.S[1]))
+
+
+def test_packed_nan_stays_in_its_sequence():
+    q, k, v, kw, cu = packed("delta", None)
+    v[0, 7] = float("nan")  # token 2 of sequence 3 (tokens 6 ... 45)
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", cu_seqlens=cu, output_final_state=True, **kw)
+    assert o[0, 7:46].isnan().any() and not o[0, :6].isnan().any() and not o[0, 46:].isnan().any()
+    assert S.S[3].isnan().any() and not S.S[[0, 5, 6]].isnan().any()
+
+
+def test_dispatch_takes_packed_and_grouped_and_refuses_unknown():
+    q, k, v, kw = make("gated_delta", "channel", B=1, T=9, Hq=2, group=2, gates="range")
+    S = torch.zeros(2, 4, 5, 7)
+    common = dict(rule="gated_delta", form="chunk", q=q, k=k, v=v, g=kw["g"], beta=kw["beta"], state=S, fmap=None,
+                  scale=None, normalize=False, eps=1e-6, eps_mode="add", grad=False)
+    o, S_final = kernels.linear_attention("auto", **common, cu_seqlens=torch.tensor([0, 4, 9]))
+    assert o.shape == v.shape and S_final.shape == S.shape
+    assert kernels.linear_attention("auto", **common, window=3) is None  # an argument the kernel does not know
+    with pytest.raises(ValueError, match="window"):
+        kernels.linear_attention("cpu", **common, window=3)
+    assert kernels.linear_attention("auto", **dict(common, form="parallel")) is None  # a form asked for by name
+
+
+# ---------------------------------------------------------------------------------------------- backward
+def _grads(fn, leaves, seed=3):
+    """Gradients of a fixed random projection of (o, S, z) with respect to ``leaves``."""
+    o, S = fn()
+    gen = torch.Generator().manual_seed(seed)
+    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64)).sum()
+    loss = loss + (S.S.double() * torch.randn(S.S.shape, generator=gen, dtype=torch.float64)).sum()
+    if S.z is not None:
+        loss = loss + (S.z.double() * torch.randn(S.z.shape, generator=gen, dtype=torch.float64)).sum()
+    return o, S, torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
+@pytest.mark.parametrize("packed_call", [False, True])
+def test_compiled_backward_matches_float64_token_loop(rule, gate, normalize, packed_call):
+    """Gradients of q, k, v, g, beta and the initial state (through the feature map and the grouping) against
+    autograd on the float64 torch token loop, at T past several checkpoint segments."""
+    if packed_call:
+        q, k, v, kw, cu = packed(rule, gate, Dk=5, Dv=7)
+        extra = {"cu_seqlens": cu}
+        N = len(LENGTHS)
+    else:
+        q, k, v, kw = make(rule, gate, B=2, T=75, Hq=2, group=2)
+        extra, N = {}, 2
+    H = v.shape[2]
+    init = initial(N, H, 5, 7, normalize)
+    tensors = {"q": q, "k": k, "v": v, "S0": init.S} | {n: kw[n] for n in ("g", "beta") if n in kw}
+    if normalize:
+        tensors["z0"] = init.z
+    fmap = "elu1" if normalize else "l2"
+    results = []
+    for backend, dtype in (("cpu", torch.float32), ("torch", torch.float64)):
+        leaves = {n: x.detach().to(dtype).requires_grad_(True) for n, x in tensors.items()}
+
+        def call(leaves=leaves, backend=backend, dtype=dtype):
+            st = State(leaves["S0"], leaves.get("z0"))
+            return linattn.linear_attention(
+                leaves["q"], leaves["k"], leaves["v"], rule=rule, g=leaves.get("g"), beta=leaves.get("beta"),
+                normalize=normalize, feature_map=fmap, initial_state=st, output_final_state=True, backend=backend,
+                form="recurrent", state_dtype=dtype, **extra)
+
+        results.append(_grads(call, list(leaves.values())))
+    (o, S, grads), (o64, S64, grads64) = results
+    assert o.grad_fn is not None
+    assert rel_err(o, np64(o64)) < 2e-4 and rel_err(S.S, np64(S64.S)) < 2e-4
+    for name, ga, gb in zip(tensors, grads, grads64, strict=True):
+        assert rel_err(ga, np64(gb)) < 1e-3, name
+
+
+def test_compiled_backward_under_auto_only_where_enabled(monkeypatch):
+    q, k, v, kw = make("gated_delta", "head", B=1, T=20, Hq=2)
+    q.requires_grad_(True)
+    calls = []
+    real = kernels._cpu_module.backward
+    monkeypatch.setattr(kernels._cpu_module, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(kernels, "AUTO_BACKWARD_RULES", ())
+    o, _ = linattn.linear_attention(q, k, v, **kw)
+    (gq,) = torch.autograd.grad(o.sum(), q)
+    assert not calls  # the torch form ran
+    monkeypatch.setattr(kernels, "AUTO_BACKWARD_RULES", ("gated_delta",))
+    o2, _ = linattn.linear_attention(q, k, v, **kw)
+    (gq2,) = torch.autograd.grad(o2.sum(), q)
+    assert calls == [1] and rel_err(gq2, np64(gq)) < 1e-4
+
+
+def test_parallel_builds_match_serial(monkeypatch):
+    """The prange builds (taken above PARALLEL_MIN_WORK with more than one thread) give the serial results,
+    forward and backward, packed and grouped."""
+    import numba
+
+    from linattn.kernels import cpu_numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    q, k, v, kw, cu = packed("gated_delta", "channel")
+    leaves = [x.requires_grad_(True) for x in (q, k, v, kw["g"], kw["beta"])]
+    runs, launched = [], []
+    real_launch = cpu_numba._launch
+    monkeypatch.setattr(cpu_numba, "_launch", lambda p, s, args, n: launched.append(n) or real_launch(p, s, args, n))
+    for threads, min_work in ((1, 1 << 62), (2, 0)):
+        monkeypatch.setattr(cpu_numba, "PARALLEL_MIN_WORK", min_work)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            o, S = linattn.linear_attention(q, k, v, backend="cpu", cu_seqlens=cu, output_final_state=True, **kw)
+            runs.append((o, S.S, *torch.autograd.grad((o * o).sum() + S.S.sum(), leaves)))
+        finally:
+            torch.set_num_threads(before)
+    assert launched == [1, 1, 2, 2]  # forward and backward, serial then parallel
+    for a, b in zip(*runs, strict=True):
+        assert rel_err(b, np64(a)) < 1e-5
