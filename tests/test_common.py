@@ -63,7 +63,7 @@ def test_every_torch_path_divides_in_normalized_read(monkeypatch):
         monkeypatch.setattr(module, "normalized_read", spy)
     q = torch.randn(1, 6, 2, 4)
     linattn.linear_attention(q, q, q, eps_mode="clamp", backend="torch")
-    linattn.linear_attention(q, q, q, eps_mode="clamp", cu_seqlens=torch.tensor([0, 2, 6]))
+    linattn.linear_attention(q, q, q, eps_mode="clamp", cu_seqlens=torch.tensor([0, 2, 6]), backend="torch")
     linattn.step(q[:, 0], q[:, 0], q[:, 0], eps_mode="clamp", backend="torch")
     assert calls.count("clamp") == 3
     assert distributed.normalized_read is spy  # (the distributed read runs under torch.distributed: tests there)

@@ -152,8 +152,8 @@ def _mismatch_cases(rank: int) -> dict:
         "bad_backend": lambda: linear_attention(q, q, q, backend="cuda"),
         "backend_mismatch": lambda: linear_attention(q, q, q, backend="torch" if rank == 1 else "auto"),
         "output_final_state": lambda: linear_attention(q, q, q, output_final_state=1),
-        # The forced backend reaches each rank's own call: the compiled kernel has no backward.
-        "cpu_grad": lambda: linear_attention(q.clone().requires_grad_(), q, q, backend="cpu"),
+        # The forced backend reaches each rank's own call: the compiled kernel keeps a float32 state only.
+        "cpu_grad": lambda: linear_attention(q, q, q, backend="cpu", state_dtype=torch.float64),
     }
     for name, fn in bad.items():
         try:

@@ -9,6 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.qwen3_next")
 
+from linattn import kernels  # noqa: E402
 from linattn.integrations import transformers as lt  # noqa: E402
 
 torch.set_num_threads(1)
@@ -88,10 +89,9 @@ def test_patch_is_undone():
     assert m.torch_chunk_gated_delta_rule is before
 
 
-def test_backend_reaches_every_call():
+def test_backend_reaches_every_call(monkeypatch):
     """Forced "torch" and "cpu" (the numba kernel) give the same logits, prefill and decode, through the patch and
-    through the converted layer; the compiled kernel refuses grouped value heads, so a forced "cpu" on such a
-    model is the kernel's own error, which shows the backend reached the call."""
+    through the converted layer, with equal and with grouped value heads."""
     equal_heads = make_model(value_heads=2)
     ids = torch.randint(0, 96, (2, 70))
     runs = {}
@@ -106,9 +106,17 @@ def test_backend_reaches_every_call():
     with torch.no_grad():
         y = {b: lt.gated_deltanet_from_qwen3_next(hf_layer, backend=b)(x)[0] for b in ("torch", "cpu")}
     assert (y["cpu"] - y["torch"]).abs().max() <= 1e-5 * y["torch"].abs().max()
+    # Grouped value heads too; a spy on the compiled prefill shows the forced backend reached the call.
     grouped = make_model(value_heads=4)
-    with lt.patch_qwen3_next(backend="cpu"), pytest.raises(ValueError, match="backend='cpu' cannot run this call"):
-        run(grouped, ids[:, :5])
+    calls, outs = [], {}
+    real = kernels._cpu_module.prefill
+    monkeypatch.setattr(kernels._cpu_module, "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for backend in ("torch", "cpu"):
+        calls.clear()
+        with lt.patch_qwen3_next(backend=backend):
+            outs[backend] = run(grouped, ids[:, :5])
+        assert bool(calls) == (backend == "cpu"), backend
+    assert (outs["cpu"] - outs["torch"]).abs().max() <= 1e-5 * outs["torch"].abs().max()
     with pytest.raises(ValueError, match="backend"):
         lt.gated_deltanet_from_qwen3_next(hf_layer, backend="gpu")
 
