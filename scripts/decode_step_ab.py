@@ -4,6 +4,8 @@ step, the compiled kernel alone, and a KV-cache step (``scaled_dot_product_atten
 
 Every path runs in turns of ``--block`` calls, the order rotating each round, so load changes on a shared machine
 hit all paths alike; the table gives the median and the minimum over rounds of the per-call time (microseconds).
+``--clock cpu`` times with the thread's CPU time instead of the wall clock: on a loaded machine that leaves out the
+time the process waits for a core (not the caches the other processes disturb meanwhile).
 Usage, from the repository root:
 
     git archive <rev> src | tar -x -C /tmp/linattn-base       # the revision to compare with
@@ -89,7 +91,7 @@ def kernel_path(linattn, rule, fmap, q, k, v, kw):
     return run
 
 
-def time_paths(paths: dict, rounds: int, block: int) -> dict:
+def time_paths(paths: dict, rounds: int, block: int, clock=time.perf_counter_ns) -> dict:
     names = list(paths)
     times = {n: [] for n in names}
     for n in names:  # warm up (compiles, caches)
@@ -99,10 +101,10 @@ def time_paths(paths: dict, rounds: int, block: int) -> dict:
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             run = paths[n]
-            start = time.perf_counter_ns()
+            start = clock()
             for _ in range(block):
                 run()
-            times[n].append((time.perf_counter_ns() - start) / block / 1e3)
+            times[n].append((clock() - start) / block / 1e3)
     return {n: (statistics.median(t), min(t)) for n, t in times.items()}
 
 
@@ -111,7 +113,9 @@ def main() -> None:
     ap.add_argument("base", nargs="?", type=Path, help="src/ of the revision to compare with")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--block", type=int, default=20)
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = ap.parse_args()
+    clock = time.thread_time_ns if args.clock == "cpu" else time.perf_counter_ns
     torch.set_num_threads(1)
     import linattn
 
@@ -120,9 +124,9 @@ def main() -> None:
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
     print(f"decode step B={B} H={H} D={D} float32, 1 thread; us per call, median (min) over {args.rounds} rounds "
-          f"of {args.block} calls; load average before: {' '.join(load)}")
+          f"of {args.block} calls, {args.clock} clock; load average before: {' '.join(load)}")
     kv = {L: kv_step(L, B, H, D) for L in (128, 512)}
-    kv_times = time_paths(kv, args.rounds, args.block)
+    kv_times = time_paths(kv, args.rounds, args.block, clock)
     print("KV-cache step (copy + SDPA): " + ", ".join(f"L={L} {m:.1f} ({lo:.1f})" for L, (m, lo) in kv_times.items()))
     cols = (["base inplace", "base copy"] if base else []) + ["this inplace", "this copy", "torch inplace", "kernel"]
     print(f"{'case':26s}" + "".join(f"{c:>17s}" for c in cols))
@@ -136,7 +140,7 @@ def main() -> None:
         paths["this copy"] = step_path(linattn, rule, fmap, q, k, v, kw, False)
         paths["torch inplace"] = step_path(linattn, rule, fmap, q, k, v, kw, True, backend="torch")
         paths["kernel"] = kernel_path(linattn, rule, fmap, q, k, v, kw)
-        res = time_paths(paths, args.rounds, args.block)
+        res = time_paths(paths, args.rounds, args.block, clock)
         name = f"{rule} {fmap}" + (f" g/{gate}" if gate else "")
         print(f"{name:26s}" + "".join(f"{res[c][0]:9.1f} ({res[c][1]:4.1f})" for c in cols))
     with open("/proc/loadavg") as f:
