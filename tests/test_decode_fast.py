@@ -393,3 +393,18 @@ def test_empty_heads_and_batch_decode_on_threads_take_the_full_path(calls):
     finally:
         torch.set_num_threads(threads)
     assert calls == []
+
+
+@pytest.mark.parametrize("D", [64, 128])  # the widths the kernel compiles with constant row lengths
+@pytest.mark.parametrize("rule,gate", [("accumulate", None), ("gated", "head"), ("gated", "channel")])
+@pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
+def test_usual_head_sizes_match_reference_and_torch_step(calls, D, rule, gate, inplace):
+    q, k, v, kw = stable_inputs(rule, gate, "elu1", 1, 2, 2, D, D, T=10)  # B=1: below the threads' bar
+    opts = dict(rule=rule, feature_map="elu1")
+    o, state = decode(q, k, v, kw, inplace=inplace, **opts)
+    assert len(calls) == q.shape[1] - 3
+    check_against_reference(q, k, v, kw, o, state, **opts)
+    o_torch, state_torch = torch_step_outputs(q, k, v, kw, **opts)
+    assert rel_err(o[:, 3:], o_torch.double().numpy()) < 2e-5
+    assert rel_err(state.S, state_torch.S.double().numpy()) < 2e-5
+    assert rel_err(state.z, state_torch.z.double().numpy()) < 2e-5

@@ -136,6 +136,37 @@ def _sweep_write_read(Sin, Sout, qa, k, ga, w, r):
             d[j] = ai * x + ki * w[j]
 
 
+def _sweep_write_read4(in_at, out_at, D, Dw, qa, k, ga, w, r):
+    """:func:`_sweep_write_read` on the head at address ``in_at`` (written at ``out_at``), four rows per inner loop.
+
+    Only for call sites that pass ``D`` and ``Dw`` as constants: LLVM then knows the distance between the rows
+    and needs no alias checks (with run-time widths it needs more than its limit of 8 and runs the loop scalar).
+    On the 133 KB state of H=8, D=64 this sweep took 2.6 us against 3.2 us with two rows (micro-benchmark).
+    """
+    Sin = numba.carray(_f32_pointer(in_at), (D, Dw))
+    Sout = numba.carray(_f32_pointer(out_at), (D, Dw))
+    for j in range(Dw):
+        r[j] = np.float32(0.0)
+    i4 = D - D % 4
+    for i in range(0, i4, 4):
+        q0, q1, q2, q3 = qa[i], qa[i + 1], qa[i + 2], qa[i + 3]
+        k0, k1, k2, k3 = k[i], k[i + 1], k[i + 2], k[i + 3]
+        a0, a1, a2, a3 = ga[i], ga[i + 1], ga[i + 2], ga[i + 3]
+        for j in range(Dw):
+            x0, x1, x2, x3 = Sin[i, j], Sin[i + 1, j], Sin[i + 2, j], Sin[i + 3, j]
+            wj = w[j]
+            r[j] += q0 * x0 + q1 * x1 + q2 * x2 + q3 * x3
+            Sout[i, j] = a0 * x0 + k0 * wj
+            Sout[i + 1, j] = a1 * x1 + k1 * wj
+            Sout[i + 2, j] = a2 * x2 + k2 * wj
+            Sout[i + 3, j] = a3 * x3 + k3 * wj
+    for i in range(i4, D):
+        for j in range(Dw):
+            x = Sin[i, j]
+            r[j] += qa[i] * x
+            Sout[i, j] = ga[i] * x + k[i] * w[j]
+
+
 def _sweep_read2(Sin, k, q, p, r):
     """``p = Sin^T k`` and ``r = Sin^T q`` in one pass (the delta rules' prediction and read), four rows at a time."""
     D, Dw = Sin.shape
@@ -172,6 +203,7 @@ def _sweep_write(Sin, Sout, ga, k, u):
 
 _features_jit = numba.njit(**_INLINE)(_features)
 _sweep_write_read_jit = numba.njit(**_INLINE)(_sweep_write_read)
+_sweep_write_read4_jit = numba.njit(**_INLINE)(_sweep_write_read4)
 _sweep_read2_jit = numba.njit(**_INLINE)(_sweep_read2)
 _sweep_write_jit = numba.njit(**_INLINE)(_sweep_write)
 
@@ -244,10 +276,23 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
                         _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
                     else:
                         _sweep_write_jit(S[b, h], S_new[b, h], ga, kf, w)
-                elif in_place:  # o = S_new^T q = S^T (a q) + (q.k) w
-                    _sweep_write_read_jit(S[b, h], S[b, h], qa, kf, ga, w, r)
-                else:
-                    _sweep_write_read_jit(S[b, h], S_new[b, h], qa, kf, ga, w, r)
+                else:  # o = S_new^T q = S^T (a q) + (q.k) w
+                    head = ((b * HV + h) * D * Dw) * 4
+                    at, to = S_at + head, out_at + head
+                    # the usual head sizes with the normalizer column, widths as constants (see the sweep)
+                    # (in place, the same variable twice: LLVM then sees one array, not two that might overlap)
+                    if D == 64 and Dw == 65 and in_place:
+                        _sweep_write_read4_jit(at, at, 64, 65, qa, kf, ga, w, r)
+                    elif D == 64 and Dw == 65:
+                        _sweep_write_read4_jit(at, to, 64, 65, qa, kf, ga, w, r)
+                    elif D == 128 and Dw == 129 and in_place:
+                        _sweep_write_read4_jit(at, at, 128, 129, qa, kf, ga, w, r)
+                    elif D == 128 and Dw == 129:
+                        _sweep_write_read4_jit(at, to, 128, 129, qa, kf, ga, w, r)
+                    elif in_place:
+                        _sweep_write_read_jit(S[b, h], S[b, h], qa, kf, ga, w, r)
+                    else:
+                        _sweep_write_read_jit(S[b, h], S_new[b, h], qa, kf, ga, w, r)
                 ra = np.float32(1.0) if per_channel else a
                 if normalize:
                     den = sc * (ra * r[Dv] + qk)
