@@ -6,8 +6,10 @@ the state without runtime alias checks:
 
 - the token's features, gates and the value row are copied to local arrays (each its own allocation, which LLVM
   knows aliases nothing else), so the only memory the sweeps write is the state and one accumulator;
-- the state is swept four rows at a time: the read accumulator ``r`` (and ``p`` for the delta rules) is loaded
-  and stored once per four rows, each state entry is loaded and stored once;
+- each state entry is loaded and stored once per pass, and the read accumulator ``r`` (and ``p`` for the delta
+  rules) once per several rows: four for the delta rules' read and for the normalized rules at D = 64 and 128
+  (widths compiled in), two otherwise (with run-time widths LLVM ran a four-row loop scalar, 7x slower,
+  presumably because the alias checks between the rows exceed its limit);
 - an in-place update passes the same array as source and destination (dependence distance 0, no check); a copy
   (``inplace=False``) reads the old state and writes the new one in the same sweep, instead of copying first;
 - ``exp`` (the gates, the elu1 map) is computed inline in float64 and rounded once to float32: libm's ``expf`` is
@@ -112,7 +114,7 @@ def _features(x, out, code):
 def _sweep_write_read(Sin, Sout, qa, k, ga, w, r):
     """``r = Sin^T qa`` and ``Sout = diag(ga) Sin + k w^T`` in one pass over [D, Dw] (a gate per head: the same
     value in every entry of ``ga``). Two rows per inner loop, so ``r`` is loaded and stored once per two state
-    rows; with four rows LLVM gave up on the alias checks between the rows and ran the loop scalar (7x slower).
+    rows; with four rows of run-time width LLVM ran the loop scalar (7x slower).
     """
     D, Dw = Sin.shape
     for j in range(Dw):
@@ -140,7 +142,7 @@ def _sweep_write_read4(in_at, out_at, D, Dw, qa, k, ga, w, r):
     """:func:`_sweep_write_read` on the head at address ``in_at`` (written at ``out_at``), four rows per inner loop.
 
     Only for call sites that pass ``D`` and ``Dw`` as constants: LLVM then knows the distance between the rows
-    and needs no alias checks (with run-time widths it needs more than its limit of 8 and runs the loop scalar).
+    and needs no alias checks (with run-time widths it ran this loop scalar, presumably over its limit of checks).
     On the 133 KB state of H=8, D=64 this sweep took 2.6 us against 3.2 us with two rows (micro-benchmark).
     """
     Sin = numba.carray(_f32_pointer(in_at), (D, Dw))
