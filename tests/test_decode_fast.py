@@ -15,6 +15,7 @@ from helpers import reference_call, rel_err
 
 import linattn
 from linattn import State
+from linattn.state import is_joint
 
 pytest.importorskip("numba")
 from linattn.kernels import cpu_decode  # noqa: E402
@@ -184,3 +185,226 @@ def test_inference_state_outside_inference_mode_is_still_refused(calls):
     with pytest.raises(ValueError, match="inference"):
         linattn.step(q[:, 3], k[:, 3], v[:, 3], state, inplace=True)
     assert calls == []
+
+
+# ------------------------------------------------------------------------------------------ the kernel, everywhere
+# B, H (query heads), value heads per query head G, D, Dv: odd widths, D != Dv, D = 1, grouped value heads
+SIZES = [(2, 3, 1, 5, 7), (1, 2, 2, 16, 33), (3, 1, 3, 1, 1)]
+RULE_GATES = [("accumulate", None), ("gated", "head"), ("gated", "channel"), ("delta", None), ("gated_delta", "head")]
+
+
+def stable_inputs(rule, gate, fmap, B, H, G, D, Dv, T=11, seed=1):
+    """``inputs`` with keys and write strengths that keep the delta rules bounded for every feature map."""
+    q, k, v, kw = inputs(rule, gate=gate or "head", B=B, T=T, H=H, G=G, D=D, Dv=Dv, seed=seed)
+    if rule in ("delta", "gated_delta"):
+        if fmap in (None, "identity"):
+            k = F.normalize(k, dim=-1)
+        elif fmap != "l2":  # relu1 / elu1 features have |phi(k)|^2 of about D to 4 D
+            kw["beta"] = kw["beta"] / (2 * D)
+    return q, k, v, kw
+
+
+def torch_step_outputs(q, k, v, kw, *, prefill=3, **opts):
+    """The torch step (backend="torch") from the same prefill, token by token: outputs and final state."""
+    head = {n: x[:, :prefill] for n, x in kw.items()}
+    _, state = linattn.linear_attention(q[:, :prefill], k[:, :prefill], v[:, :prefill], output_final_state=True,
+                                        **head, **opts)
+    outs = []
+    for t in range(prefill, q.shape[1]):
+        tok = {n: x[:, t].contiguous() for n, x in kw.items()}
+        o, state = linattn.step(q[:, t].contiguous(), k[:, t].contiguous(), v[:, t].contiguous(), state,
+                                backend="torch", **tok, **opts)
+        outs.append(o.unsqueeze(1))
+    return torch.cat(outs, dim=1), state
+
+
+@pytest.mark.parametrize("B,H,G,D,Dv", SIZES, ids=[f"B{b}H{h}G{g}D{d}Dv{dv}" for b, h, g, d, dv in SIZES])
+@pytest.mark.parametrize("rule,gate", RULE_GATES, ids=[f"{r}-{g}" for r, g in RULE_GATES])
+@pytest.mark.parametrize("fmap", [None, "relu1", "elu1", "l2"])
+@pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
+def test_kernel_matches_reference_and_torch_step(calls, rule, gate, fmap, G, inplace, B, H, D, Dv):
+    q, k, v, kw = stable_inputs(rule, gate, fmap, B, H, G, D, Dv)
+    opts = dict(rule=rule, feature_map=fmap)
+    if rule in ("accumulate", "gated") and fmap in (None, "l2"):  # signed features: q.z may cross 0, so no z
+        opts["normalize"] = False
+    o, state = decode(q, k, v, kw, inplace=inplace, **opts)
+    assert len(calls) == q.shape[1] - 3  # every decode token took the compiled call
+    check_against_reference(q, k, v, kw, o, state, **opts)
+    # The torch step does the same float32 arithmetic in another order: a much tighter bound than the reference's.
+    o_torch, state_torch = torch_step_outputs(q, k, v, kw, **opts)
+    assert rel_err(o[:, 3:], o_torch.double().numpy()) < 2e-5
+    assert rel_err(state.S, state_torch.S.double().numpy()) < 2e-5
+    if state.z is not None:
+        assert rel_err(state.z, state_torch.z.double().numpy()) < 2e-5
+    assert state.rule == rule and state.feature_map == (fmap or "identity")
+
+
+def test_copy_is_a_fresh_joint_state_and_the_output_is_fresh(calls):
+    q, k, v, kw = inputs("gated", B=1, T=5, H=2, D=4, Dv=3)
+    _, state = linattn.linear_attention(q[:, :3], k[:, :3], v[:, :3], g=kw["g"][:, :3], rule="gated",
+                                        feature_map="elu1", output_final_state=True)
+    before = state.S.clone(), state.z.clone()
+    tok = dict(rule="gated", feature_map="elu1", g=kw["g"][:, 3])
+    o1, new = linattn.step(q[:, 3], k[:, 3], v[:, 3], state, **tok)
+    assert torch.equal(state.S, before[0]) and torch.equal(state.z, before[1])  # the old state only read
+    assert new is not state and new.S.untyped_storage().data_ptr() != state.S.untyped_storage().data_ptr()
+    assert is_joint(new.S, new.z) and new.normalized is True and new.rule == "gated"
+    o2, same = linattn.step(q[:, 3], k[:, 3], v[:, 3], state, inplace=True, **tok)
+    assert same is state and torch.equal(o1, o2) and torch.equal(new.S, state.S) and torch.equal(new.z, state.z)
+    assert o1.untyped_storage().data_ptr() != o2.untyped_storage().data_ptr()  # each call a tensor of its own
+    o3, _ = linattn.step(q[:, 4], k[:, 4], v[:, 4], new, inplace=True, rule="gated", feature_map="elu1",
+                         g=kw["g"][:, 4])  # the copy continues in place: it is in linattn's own layout
+    assert len(calls) == 3 and o3.shape == (1, 2, 3)
+
+
+def test_output_is_float32_whatever_the_default_dtype(calls):
+    q, k, v, kw = inputs("delta", B=1, T=5, H=2, D=4, Dv=3)
+    k = F.normalize(k, dim=-1)
+    o_ref, state_ref = decode(q, k, v, kw, rule="delta", feature_map="l2")
+    calls.clear()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        o, _ = decode(q, k, v, kw, rule="delta", feature_map="l2")
+    finally:
+        torch.set_default_dtype(default)
+    assert len(calls) == 2 and o.dtype == torch.float32 and torch.equal(o, o_ref)
+
+
+def test_exp_is_rounded_once_to_float32():
+    """The kernel's own exp (gates, elu1): within half an ulp over the float32 range, exact at 0 and -inf."""
+    import numba
+    import numpy as np
+
+    @numba.njit(**{n: f for n, f in cpu_decode._FLAGS.items() if n != "cache"})  # as the kernel compiles it
+    def run(x, out):
+        for i in range(x.shape[0]):
+            out[i] = cpu_decode._exp_jit(x[i])
+
+    x = np.concatenate([np.linspace(-110, 90, 200_001), [0.0, -0.0, -1e-30, -np.inf, np.nan, np.inf]]).astype(
+        np.float32)
+    out = np.empty_like(x)
+    run(x, out)
+    exact = np.exp(x.astype(np.float64))
+    normal = (exact > 1.2e-38) & (exact < 3e38)
+    ulp = np.spacing(exact[normal].astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(out[normal] - exact[normal]) / ulp) < 0.51
+    tiny = (exact <= 1.2e-38) & (exact > 0)  # subnormal results, and those that round to 0
+    assert np.max(np.abs(out[tiny] - exact[tiny])) < 1.5e-45
+    assert list(out[-6:-2]) == [1.0, 1.0, 1.0, 0.0] and np.isnan(out[-2]) and out[-1] == np.inf
+
+
+# ------------------------------------------------------------------------------------------ what it must refuse
+@pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
+@pytest.mark.parametrize("gate", ["head", "channel"])
+@pytest.mark.parametrize("bad", [float("nan"), 0.25, float("inf")])
+def test_bad_gate_anywhere_leaves_the_state_and_names_g(calls, inplace, gate, bad):
+    q, k, v, kw = inputs("gated", gate=gate, B=2, T=4, H=2, G=2, D=3, Dv=5)
+    _, state = linattn.linear_attention(q[:, :3], k[:, :3], v[:, :3], g=kw["g"][:, :3], rule="gated",
+                                        feature_map="relu1", output_final_state=True)
+    before = state.S.clone(), state.z.clone()
+    g = kw["g"][:, 3].clone()
+    g.view(-1)[-1] = bad  # the very last gate: the kernel must have checked them all before writing any
+    with pytest.raises(ValueError, match="g must be <= 0"):
+        linattn.step(q[:, 3].contiguous(), k[:, 3].contiguous(), v[:, 3].contiguous(), state, rule="gated",
+                     feature_map="relu1", g=g, inplace=inplace)
+    assert len(calls) == 1
+    assert torch.equal(state.S, before[0]) and torch.equal(state.z, before[1])
+
+
+def _token_state(rule="gated_delta", B=2, H=2, D=4, Dv=3):
+    q, k, v, kw = inputs(rule, B=B, T=4, H=H, D=D, Dv=Dv)
+    fmap = "l2" if "delta" in rule else "relu1"
+    _, state = linattn.linear_attention(q[:, :3], k[:, :3], v[:, :3], output_final_state=True, rule=rule,
+                                        feature_map=fmap, **{n: x[:, :3] for n, x in kw.items()})
+    tok = dict(q=q[:, 3].contiguous(), k=k[:, 3].contiguous(), v=v[:, 3].contiguous(),
+               **{n: x[:, 3].contiguous() for n, x in kw.items()})
+    return tok, state, dict(rule=rule, feature_map=fmap)
+
+
+def _strided(x):
+    y = torch.empty(*x.shape[:-1], 2 * x.shape[-1])[..., ::2]
+    y.copy_(x)
+    return y
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
+def test_strided_inputs_take_the_full_path(calls, name):
+    tok, state, opts = _token_state()
+    o_fast, s_fast = linattn.step(**tok, state=state, **opts)
+    assert len(calls) == 1
+    tok[name] = _strided(tok[name])
+    o, s = linattn.step(**tok, state=state, **opts)
+    assert len(calls) == 1  # not taken
+    assert rel_err(o, o_fast.double().numpy()) < 1e-5 and rel_err(s.S, s_fast.S.double().numpy()) < 1e-5
+
+
+def test_grad_takes_the_full_path_and_keeps_the_graph(calls):
+    tok, state, opts = _token_state()
+    tok["v"] = tok["v"].requires_grad_()
+    o, s = linattn.step(**tok, state=state, **opts)
+    assert calls == [] and o.requires_grad and s.S.requires_grad
+    o.sum().backward()
+    assert tok["v"].grad is not None
+    S = state.S.clone().requires_grad_()
+    o, s = linattn.step(**{**tok, "v": tok["v"].detach()}, state=State(S, rule="gated_delta", feature_map="l2",
+                                                                       normalized=False), **opts)
+    assert calls == [] and s.S.requires_grad
+
+
+def test_a_state_of_another_rule_or_map_is_refused_by_name(calls):
+    tok, state, opts = _token_state(rule="gated")
+    with pytest.raises(ValueError, match="made by rule 'gated'"):
+        linattn.step(tok["q"], tok["k"], tok["v"], state, rule="accumulate", feature_map="relu1")
+    with pytest.raises(ValueError, match="made with feature_map 'relu1'"):
+        linattn.step(tok["q"], tok["k"], tok["v"], state, rule="gated", feature_map="elu1", g=tok["g"])
+    assert calls == []
+
+
+def test_a_state_not_in_linattn_layout_takes_the_full_path(calls):
+    tok, state, opts = _token_state(rule="gated")
+    o_fast, s_fast = linattn.step(**tok, state=state, **opts)
+    calls.clear()
+    # S and z as separate tensors: updated through a copy and written back into them
+    split = State(state.S.clone(), state.z.clone(), rule="gated", feature_map="relu1", normalized=True)
+    o, s = linattn.step(**tok, state=split, inplace=True, **opts)
+    assert calls == [] and s.S is split.S and torch.allclose(o, o_fast, atol=1e-6)
+    assert torch.allclose(split.S, s_fast.S, atol=1e-6) and torch.allclose(split.z, s_fast.z, atol=1e-6)
+    # a z that no longer covers the buffer's last column (replaced after the State was made)
+    short = state.clone()
+    short.z = short.z[..., :-1]
+    try:
+        linattn.step(**tok, state=short, **opts)
+    except ValueError:
+        pass
+    assert calls == []
+
+
+def test_empty_heads_and_batch_decode_on_threads_take_the_full_path(calls):
+    tok, state, opts = _token_state(rule="accumulate")
+    with pytest.raises(ValueError, match="no empty dimension"):
+        linattn.step(tok["q"], tok["k"], tok["v"][:, :0], state, **opts)
+    q, k, v, _ = inputs("accumulate", B=64, T=2, H=8, D=16, Dv=16)  # 64*8*16*17 state entries: above the bar
+    _, state = linattn.linear_attention(q[:, :1], k[:, :1], v[:, :1], output_final_state=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        linattn.step(q[:, 1].contiguous(), k[:, 1].contiguous(), v[:, 1].contiguous(), state, inplace=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == []
+
+
+@pytest.mark.parametrize("D", [64, 128])  # the widths the kernel compiles with constant row lengths
+@pytest.mark.parametrize("rule,gate", [("accumulate", None), ("gated", "head"), ("gated", "channel")])
+@pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
+def test_usual_head_sizes_match_reference_and_torch_step(calls, D, rule, gate, inplace):
+    q, k, v, kw = stable_inputs(rule, gate, "elu1", 1, 2, 2, D, D, T=10)  # B=1: below the threads' bar
+    opts = dict(rule=rule, feature_map="elu1")
+    o, state = decode(q, k, v, kw, inplace=inplace, **opts)
+    assert len(calls) == q.shape[1] - 3
+    check_against_reference(q, k, v, kw, o, state, **opts)
+    o_torch, state_torch = torch_step_outputs(q, k, v, kw, **opts)
+    assert rel_err(o[:, 3:], o_torch.double().numpy()) < 2e-5
+    assert rel_err(state.S, state_torch.S.double().numpy()) < 2e-5
+    assert rel_err(state.z, state_torch.z.double().numpy()) < 2e-5

@@ -70,7 +70,7 @@ def test_bench_reference_check_rejects_a_wrong_decode_step(monkeypatch):
 
     def wrong_one_call(*args):
         status = one_call(*args)
-        o_address, B, HV, Dv = args[6], args[7], args[9], args[11]
+        o_address, B, HV, Dv = args[7], args[8], args[10], args[12]  # see cpu_decode._decode's signature
         o = torch.from_numpy(np.ctypeslib.as_array(ctypes.cast(o_address, ctypes.POINTER(ctypes.c_float)),
                                                    (B, HV, Dv)))
         o[..., 0] += 1e-3

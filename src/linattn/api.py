@@ -507,79 +507,118 @@ def _slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budge
     return chunks * chunk_size
 
 
-def _plain_f32(x: object, shape: tuple[int, ...]) -> bool:
-    """``x`` is a plain float32, contiguous CPU tensor of ``shape``, outside autograd."""
-    return (type(x) is torch.Tensor and x.dtype is torch.float32 and x.shape == shape and x.is_cpu
-            and x.is_contiguous() and not x.requires_grad)
+_F32 = torch.float32
+_Tensor = torch.Tensor
+
+
+def _trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_map: str, normalized: bool) -> State:
+    """A State from tensors this module just made in the layout ``State`` checks for (decode's fast path: the
+    checks of ``State.__post_init__`` would cost more than the step's kernel)."""
+    state = object.__new__(State)
+    state.__dict__.update(S=S, z=z, rule=rule, feature_map=feature_map, normalized=normalized)
+    return state
 
 
 def _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
                backend) -> tuple[torch.Tensor, State] | None:
     """The decode step of :func:`step` in one compiled call, or None when the call is not the plain case.
 
-    At batch 1 the checks and the torch ops around a step cost several times the step itself. So this proves,
-    with attribute reads only, that the call is valid and needs nothing the compiled kernel lacks: float32
-    contiguous CPU tensors outside autograd, a built-in elementwise or L2 feature map, a state linattn made for
-    this rule and map in its own layout. Anything else, and any bad gate value (the kernel checks them before
-    writing), goes through the full path, which gives the result or the error that names the argument.
+    At batch 1 the checks and the torch ops around a step cost as much as the step itself. So this proves, with
+    attribute reads only (each ~50 ns, where a torch op costs ~1 us), that the call is valid and needs nothing the
+    compiled kernel lacks: float32 contiguous CPU tensors outside autograd, a built-in elementwise or L2 feature
+    map, a state linattn made for this rule and map in its own layout. Anything else, and any bad gate value (the
+    kernel checks them before writing), goes through the full path, which gives the result or the error that
+    names the argument. Nothing is cached between calls: every fact is read again (a tensor's layout can change in
+    place). The checks are written out inline because a helper function call costs as much as two of them.
     """
     kd = kernels.decode_kernel(backend)
-    named = feature_map is None or type(feature_map) is str
-    code = kd.FEATURE_CODES.get(feature_map) if kd is not None and named else None
-    if code is None or type(state) is not State or not (inplace is True or inplace is False):
+    if kd is None or type(state) is not State or not (inplace is True or inplace is False):
+        return None
+    code = kd.FEATURE_CODES.get(feature_map) if feature_map is None or type(feature_map) is str else None
+    if code is None:
         return None
     if normalize is None:
         normalize = rule not in DELTA_RULES
     elif not (normalize is False or (normalize is True and rule not in DELTA_RULES)):
         return None  # not a bool, or a delta rule asked to normalize: the full path says why
     if (state.rule != rule or rule not in RULES or state.normalized is not normalize
-            or state.feature_map != (feature_map or "identity") or state_dtype not in (None, torch.float32)):
+            or state.feature_map != (feature_map or "identity") or not (state_dtype is None or state_dtype is _F32)):
         return None
     if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
         return None
-    if type(q) is not torch.Tensor or q.dim() != 3 or type(v) is not torch.Tensor or v.dim() != 3:
+    # q, k [B, Hq, D], v [B, HV, Dv]: plain float32 contiguous CPU tensors outside autograd
+    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
         return None
-    (B, Hq, D), (HV, Dv) = q.shape, v.shape[1:]
-    if min(B, Hq, D, Dv) == 0 or HV % Hq or not (_plain_f32(q, q.shape) and _plain_f32(k, q.shape)
-                                                 and _plain_f32(v, (B, HV, Dv))):
+    if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu):
+        return None
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return None
+    q_shape, v_shape = q.shape, v.shape
+    if len(q_shape) != 3 or len(v_shape) != 3 or k.shape != q_shape:
+        return None
+    (B, Hq, D), (B_v, HV, Dv) = q_shape, v_shape
+    if B_v != B or not (B and Hq and D and HV and Dv) or HV % Hq:
         return None
     if scale is None:
         scale = D**-0.5
     elif not (type(scale) is float and math.isfinite(scale)):
         return None
     gated, delta = rule in GATED_RULES, rule in DELTA_RULES
-    if gated != (g is not None) or delta != (beta is not None) or (gated and type(g) is not torch.Tensor):
+    gate_width = 0
+    if gated:  # g [B, HV] or, for gated, [B, HV, D] (per-channel gates on a delta rule, Kimi Delta: the torch form)
+        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
+            return None
+        g_shape = g.shape
+        if g_shape == (B, HV):
+            gate_width = 1
+        elif g_shape == (B, HV, D) and not delta:
+            gate_width = D
+        else:
+            return None
+    elif g is not None:
         return None
-    gate_width = 0 if not gated else 1 if g.dim() == 2 else D
-    if (gated and not _plain_f32(g, (B, HV) if gate_width == 1 else (B, HV, D))) or (delta and gate_width > 1):
-        return None  # (per-channel gates on a delta rule, as Kimi Delta Attention: the torch form)
-    if delta and not _plain_f32(beta, (B, HV)):
+    if delta:  # beta [B, HV]
+        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+                and not beta.requires_grad and beta.shape == (B, HV)):
+            return None
+    elif beta is not None:
         return None
-    S, z, Dw = state.S, state.z, Dv + normalize
-    if type(S) is not torch.Tensor or S.dtype is not torch.float32 or S.shape != (B, HV, D, Dv) or not S.is_cpu:
-        return None
-    if S.requires_grad or (not is_joint(S, z) or z.requires_grad if normalize else z is not None):
+    # The state: S [B, HV, D, Dv] as columns of one contiguous [B, HV, D, Dw] buffer, z (normalized) its last column.
+    S, z = state.S, state.z
+    Dw = Dv + 1 if normalize else Dv
+    if type(S) is not _Tensor or S.dtype is not _F32 or not S.is_cpu or S.requires_grad or S.shape != (B, HV, D, Dv):
         return None
     if S.stride() != (HV * D * Dw, D * Dw, Dw, 1):
         return None
-    if torch.get_num_threads() > 1 and B * HV * D * Dw >= kd.PARALLEL_MIN_WORK:
+    S_at = S.data_ptr()
+    if normalize:  # z must be that buffer's last column (and cover it: the kernel writes its last element)
+        if (type(z) is not _Tensor or z.dtype is not _F32 or z.requires_grad or z.data_ptr() != S_at + 4 * Dv
+                or z.stride() != (HV * D * Dw, D * Dw, Dw) or z.shape != (B, HV, D)):
+            return None
+    elif z is not None:
+        return None
+    if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
         return None  # batch decode: the general path splits the heads over threads
     if inplace:
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None
-        buf = S
-    else:
-        buf = (joint_view(S, z) if normalize else S).clone()
-    o = torch.empty(B, HV, Dv)
-    status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if g is None else g.data_ptr(),
-                       0 if beta is None else beta.data_ptr(), buf.data_ptr(), o.data_ptr(), B, Hq, HV, D, Dv, Dw,
-                       gate_width, code, scale, eps, eps_mode == "clamp", normalize, delta)
+        out = S_at
+    else:  # the kernel reads the old state and writes the new one into a fresh buffer: no copy first
+        buf = S.new_empty((B, HV, D, Dw))
+        out = buf.data_ptr()
+    o = torch.empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
+    status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0,
+                       beta.data_ptr() if delta else 0, S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, gate_width, code,
+                       eps_mode == "clamp", normalize, delta, scale, eps)
     if status != kd.OK:
         return None  # nothing was written; the full path raises the error that names the gate
     if inplace:
         return o, state
-    return o, State(buf[..., :Dv] if normalize else buf, buf[..., Dv] if normalize else None, rule=rule,
-                    feature_map=state.feature_map, normalized=normalize)
+    if normalize:
+        return o, _trusted_state(buf[..., :Dv], buf[..., Dv], rule, state.feature_map, True)
+    return o, _trusted_state(buf, None, rule, state.feature_map, False)
 
 
 def step(
