@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from linattn import State, reference
 
@@ -60,3 +61,34 @@ def rel_err(actual, expected) -> float:
 def n_examples(n: int) -> int:
     """Hypothesis example count: ``n`` by default (fast CI), ten times more under HYPOTHESIS_PROFILE=thorough."""
     return 10 * n if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else n
+
+
+def kernel_inputs(rule, gate, B=2, T=37, Hq=3, group=1, Dk=5, Dv=7, gates="mixed", dtype=torch.float32, seed=0):
+    """Inputs for the compiled-kernel tests: ``Hq`` query/key heads, ``Hq * group`` value heads, gates per head or
+    per key channel (``gates="mixed"`` plants one near 1, one near 0 and a -inf reset at fixed tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    H = Hq * group
+    q, k = torch.randn(B, T, Hq, Dk, generator=gen), torch.randn(B, T, Hq, Dk, generator=gen)
+    v = torch.randn(B, T, H, Dv, generator=gen)
+    kw = {"rule": rule}
+    if rule in ("delta", "gated_delta"):
+        k = F.normalize(k, dim=-1)
+        kw["beta"] = torch.rand(B, T, H, generator=gen) * 1.5
+    else:
+        q, k = F.elu(q) + 1, F.elu(k) + 1  # positive features: the normalizer stays away from 0
+    if gate is not None:
+        shape = (B, T, H) if gate == "head" else (B, T, H, Dk)
+        g = F.logsigmoid(torch.randn(*shape, generator=gen) * 3)
+        if gates == "mixed":  # near 1, near 0 and -inf (a full reset) at fixed tokens, random elsewhere
+            g[:, 3], g[:, 9], g[:, T // 2] = -1e-4, -30.0, -torch.inf
+        kw["g"] = g
+    return q.to(dtype), k.to(dtype), v.to(dtype), kw
+
+
+def check_state_and_output(o, S, ref, tol):
+    """Output and final state within ``tol`` (relative) of a reference ``(o, S, z)``."""
+    o_ref, S_ref, z_ref = ref
+    assert rel_err(o, o_ref) < tol
+    assert rel_err(S.S, S_ref) < tol
+    if z_ref is not None:
+        assert rel_err(S.z, z_ref) < tol

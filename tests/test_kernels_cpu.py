@@ -11,8 +11,8 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
-from helpers import np64, reference_call, rel_err
+from helpers import check_state_and_output as check
+from helpers import kernel_inputs, np64, reference_call, rel_err
 
 import linattn
 from linattn import State, kernels
@@ -31,31 +31,8 @@ VARIANTS = [
 ]
 
 
-def make(rule, gate, B=2, T=37, H=3, Dk=5, Dv=7, gates="mixed", dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = torch.randn(B, T, H, Dk, generator=gen), torch.randn(B, T, H, Dk, generator=gen), \
-        torch.randn(B, T, H, Dv, generator=gen)
-    kw = {"rule": rule}
-    if rule in ("delta", "gated_delta"):
-        k = F.normalize(k, dim=-1)
-        kw["beta"] = torch.rand(B, T, H, generator=gen) * 1.5
-    else:
-        q, k = F.elu(q) + 1, F.elu(k) + 1  # positive features: the normalizer stays away from 0
-    if gate is not None:
-        shape = (B, T, H) if gate == "head" else (B, T, H, Dk)
-        g = F.logsigmoid(torch.randn(*shape, generator=gen) * 3)
-        if gates == "mixed":  # near 1, near 0 and -inf (a full reset) at fixed tokens, random elsewhere
-            g[:, 3], g[:, 9], g[:, T // 2] = -1e-4, -30.0, -torch.inf
-        kw["g"] = g
-    return q.to(dtype), k.to(dtype), v.to(dtype), kw
-
-
-def check(o, S, ref, tol):
-    o_ref, S_ref, z_ref = ref
-    assert rel_err(o, o_ref) < tol
-    assert rel_err(S.S, S_ref) < tol
-    if z_ref is not None:
-        assert rel_err(S.z, z_ref) < tol
+def make(rule, gate, H=3, **kw):
+    return kernel_inputs(rule, gate, Hq=H, **kw)
 
 
 @pytest.mark.parametrize("rule,gate,normalize", VARIANTS)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import check_state_and_output as check
+from helpers import kernel_inputs as make
 from helpers import np64, reference_call, rel_err
 
 import linattn
@@ -32,38 +33,9 @@ VARIANTS = [
 ]
 
 
-def make(rule, gate, B=2, T=37, Hq=3, group=1, Dk=5, Dv=7, gates="mixed", dtype=torch.float32, seed=0):
-    """Inputs with ``Hq`` query/key heads and ``Hq * group`` value heads."""
-    gen = torch.Generator().manual_seed(seed)
-    H = Hq * group
-    q, k = torch.randn(B, T, Hq, Dk, generator=gen), torch.randn(B, T, Hq, Dk, generator=gen)
-    v = torch.randn(B, T, H, Dv, generator=gen)
-    kw = {"rule": rule}
-    if rule in ("delta", "gated_delta"):
-        k = F.normalize(k, dim=-1)
-        kw["beta"] = torch.rand(B, T, H, generator=gen) * 1.5
-    else:
-        q, k = F.elu(q) + 1, F.elu(k) + 1  # positive features: the normalizer stays away from 0
-    if gate is not None:
-        shape = (B, T, H) if gate == "head" else (B, T, H, Dk)
-        g = F.logsigmoid(torch.randn(*shape, generator=gen) * 3)
-        if gates == "mixed":  # near 1, near 0 and -inf (a full reset) at fixed tokens, random elsewhere
-            g[:, 3], g[:, 9], g[:, T // 2] = -1e-4, -30.0, -torch.inf
-        kw["g"] = g
-    return q.to(dtype), k.to(dtype), v.to(dtype), kw
-
-
 def initial(B, H, Dk, Dv, normalize, seed=1):
     gen = torch.Generator().manual_seed(seed)
     return State(torch.randn(B, H, Dk, Dv, generator=gen), torch.rand(B, H, Dk, generator=gen) if normalize else None)
-
-
-def check(o, S, ref, tol):
-    o_ref, S_ref, z_ref = ref
-    assert rel_err(o, o_ref) < tol
-    assert rel_err(S.S, S_ref) < tol
-    if z_ref is not None:
-        assert rel_err(S.z, z_ref) < tol
 
 
 # ---------------------------------------------------------------------------------------------- forward
