@@ -103,6 +103,8 @@ class LinearAttention(nn.Module):
         gate_rank: rank of the low-rank gate projection (GLA uses 16).
         output_gate: ``o = RMSNorm(o) * silu(W_z x)`` per value head (Gated DeltaNet, GLA); else ``RMSNorm(o)``.
         chunk_size, form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
+        state_dtype: the recurrent state's accumulation dtype, passed to :func:`linattn.linear_attention` and
+            :func:`linattn.step`; ``None`` (default) is linattn's own (float32, also under bfloat16 weights).
 
     ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``. One token with a cache decodes through
     :func:`linattn.step`; longer inputs run ``form`` with the cache's state as initial state. With ``cu_seqlens``
@@ -127,11 +129,12 @@ class LinearAttention(nn.Module):
         norm_eps: float = 1e-6,
         chunk_size: int = 64,
         form: str = "chunk",
+        state_dtype: torch.dtype | None = None,
     ):
         super().__init__()
         if rule not in linattn.RULES:
             raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(linattn.RULES)}")
-        self.rule, self.form, self.chunk_size = rule, form, chunk_size
+        self.rule, self.form, self.chunk_size, self.state_dtype = rule, form, chunk_size, state_dtype
         self.feature_map = DEFAULT_FEATURE_MAP[rule] if feature_map == "default" else feature_map
         self.normalize = (False if rule == "gated" else None) if normalize is None else normalize
         self.num_heads, self.head_dim = num_heads, head_dim
@@ -195,7 +198,8 @@ class LinearAttention(nn.Module):
         q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, HV, Dv)
         g = self._gate(x)
         beta = _wide(self.b_proj(x)).sigmoid() if self.rule in ("delta", "gated_delta") else None
-        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize)
+        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize,
+                      state_dtype=self.state_dtype)
         if T == 1 and cache is not None:
             o, state = linattn.step(q[:, 0], k[:, 0], v[:, 0], cache.state, g=None if g is None else g[:, 0],
                                     beta=None if beta is None else beta[:, 0], **kwargs)
