@@ -319,6 +319,13 @@ def test_summarize_seeds(tmp_path):
     assert got["min"] == min(want) and got["max"] == max(want)
     ovr = doc["mixers"][0]["metrics"]["overwrites"]["values"]
     assert ovr == [m["controls"]["overwrites"]["accuracy"] for m in runs]
+    assert doc["mixers"][0]["seeds"] == [0, 1] and doc["skipped"] == []
+    third = tmp_path / "s2.json"  # a mixer found in one run only is named, not summarized from one value
+    res = runner.invoke(mqar.command, [*SMALL, "--mixers", "attention", "--no-latency", "--no-controls", "--seed",
+                                       "2", "--output", str(third)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(mqar.command, [*(a for p in (*paths, third) for a in ("--summarize", str(p)))])
+    assert res.exit_code == 0 and "not summarized: attention" in res.output, res.output
     other = tmp_path / "lr.json"  # another setting is refused, not averaged in
     res = runner.invoke(mqar.command, [*SMALL, "--mixers", "delta", "--no-latency", "--lr", "0.01",
                                        "--output", str(other)])

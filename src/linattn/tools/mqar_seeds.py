@@ -14,7 +14,7 @@ from linattn.tools.results import atomic_write
 
 SCHEMA = "linattn.mqar_seeds/1"
 # Config keys that may differ between the summarized runs (everything else must agree).
-MAY_DIFFER = ("seed", "resume", "budget_s", "histories", "latency_repeats", "quick")
+MAY_DIFFER = ("seed", "resume", "budget_s", "histories", "latency_repeats", "quick", "mixers")
 
 
 def _metrics(rec: dict[str, Any], n_table: int) -> dict[str, float]:
@@ -43,7 +43,8 @@ def _metrics(rec: dict[str, Any], n_table: int) -> dict[str, float]:
 
 def summarize(docs: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
     """The seeds document (schema ``mqar_seeds``). Raises ValueError naming the setting when the runs differ in
-    anything but the seed (and the budget/latency settings), or repeat a seed, or lack a mixer of the first."""
+    anything but the seed, the mixers and the budget/latency settings, or repeat a seed. Each mixer is summarized
+    over the runs that have it (its ``seeds``); mixers found in fewer than two runs are listed in ``skipped``."""
     if len(docs) < 2:
         raise ValueError(f"summarize: needs at least two result files, got {len(docs)}")
     base = {k: v for k, v in docs[0]["config"].items() if k not in MAY_DIFFER}
@@ -56,27 +57,29 @@ def summarize(docs: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"summarize: seeds repeat ({seeds})")
     n_table = docs[0]["table"][0]["num_pairs"] if docs[0]["table"] else max(base["train_pairs"])
-    mixers = []
-    for name in base["mixers"]:
-        recs = []
-        for doc, src in zip(docs, sources, strict=True):
-            rec = next((r for r in doc["models"] if r["mixer"] == name), None)
-            if rec is None:
-                raise ValueError(f"summarize: {src} has no model {name!r}")
-            recs.append(rec)
+    names = list(dict.fromkeys(r["mixer"] for d in docs for r in d["models"]))
+    mixers, skipped = [], []
+    for name in names:
+        found = [(d["config"]["seed"], r) for d in docs for r in d["models"] if r["mixer"] == name]
+        if len(found) < 2:
+            skipped.append(name)
+            continue
+        recs = [r for _, r in found]
         per_seed = [_metrics(r, n_table) for r in recs]
-        names = [k for k in per_seed[0] if all(k in m for m in per_seed)]
+        keys = [k for k in per_seed[0] if all(k in m for m in per_seed)]
         metrics = {}
-        for k in names:
+        for k in keys:
             vals = [m[k] for m in per_seed]
             metrics[k] = {"values": vals, "mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
                           "std": statistics.stdev(vals)}
-        mixers.append({"mixer": name, "state_floats": recs[0]["state_floats"],
+        mixers.append({"mixer": name, "seeds": [s for s, _ in found], "state_floats": recs[0]["state_floats"],
                        "steps_done": [r["steps_done"] for r in recs], "stop_reason": [r["stop_reason"] for r in recs],
                        "metrics": metrics})
+    if not mixers:
+        raise ValueError("summarize: no mixer appears in two of the result files")
     return {"schema": SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "sources": sources, "seeds": seeds, "num_pairs": n_table,
-            "config": {k: v for k, v in docs[0]["config"].items() if k not in MAY_DIFFER}, "mixers": mixers}
+            "sources": sources, "seeds": seeds, "num_pairs": n_table, "skipped": skipped,
+            "config": {**base, "mixers": [m["mixer"] for m in mixers]}, "mixers": mixers}
 
 
 def format_summary(doc: dict[str, Any]) -> str:
@@ -92,13 +95,16 @@ def format_summary(doc: dict[str, Any]) -> str:
         cols += [(f"f32 {T}", f"float32@{T}"), (f"bf16w {T}", f"bfloat16_state_float32@{T}"),
                  (f"bf16 {T}", f"bfloat16@{T}")]
     lines = [f"seeds {doc['seeds']}: mean [min-max] %, {doc['config']['steps']} steps",
-             f"{'mixer':<20}{'state':>6}" + "".join(f"{c:>15}" for c, _ in cols)]
+             f"{'mixer':<20}{'seeds':>7}{'state':>6}" + "".join(f"{c:>15}" for c, _ in cols)]
     for m in doc["mixers"]:
         cells = []
         for _, key in cols:
             s = m["metrics"].get(key)
             cells.append("-" if s is None else f"{100 * s['mean']:.0f} [{100 * s['min']:.0f}-{100 * s['max']:.0f}]")
-        lines.append(f"{m['mixer']:<20}{m['state_floats']:>6}" + "".join(f"{c:>15}" for c in cells))
+        seeds = ",".join(str(x) for x in m["seeds"])
+        lines.append(f"{m['mixer']:<20}{seeds:>7}{m['state_floats']:>6}" + "".join(f"{c:>15}" for c in cells))
+    if doc["skipped"]:
+        lines.append(f"in fewer than two runs, not summarized: {', '.join(doc['skipped'])}")
     return "\n".join(lines)
 
 
@@ -118,7 +124,7 @@ def plot_summary(doc: dict[str, Any], path: str | Path, *, overwrite: bool = Fal
         ax_p.plot(pairs, [100 * s["mean"] for s in st], "o-", color=c, label=m["mixer"])
         ax_p.fill_between(pairs, [100 * s["min"] for s in st], [100 * s["max"] for s in st], color=c, alpha=0.15)
     ax_p.plot(pairs, [100 / p for p in pairs], ":", color="black", label="chance (1/pairs)")
-    ax_p.set(title=f"exact recall vs pairs, seeds {doc['seeds']} (mean, band = min-max)", xlabel="key-value pairs",
+    ax_p.set(title="exact recall vs pairs over seeds (mean, band = min-max)", xlabel="key-value pairs",
              ylabel="accuracy (%)", ylim=(-3, 103))
     n = doc["num_pairs"]
     keys = [f"acc_all@{n}", "overwrites", "near_duplicate@0.9"]
