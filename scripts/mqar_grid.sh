@@ -16,7 +16,7 @@ CK=${CK:-runs/ck}
 SEEDS=${SEEDS:-0 1 2}
 R=benchmarks/results
 NAME=mqar_cpu_4000steps
-MIXERS="accumulate-elu1 accumulate-taylor2 gated delta gated_delta hybrid attention"
+MIXERS="attention accumulate-elu1 accumulate-taylor2 gated delta gated_delta hybrid"
 OW=$([ "${OVERWRITE:-0}" = 1 ] && echo --overwrite || true)
 # The training budget is far above any model's time (about 1.5 minutes idle, 10 under heavy load), so no model
 # is cut short: every record must say stop_reason "steps" and steps_done 4000.

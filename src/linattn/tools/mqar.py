@@ -265,6 +265,9 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     axes[3].set(title="decode latency per token (batch 1)", xlabel="history (tokens)", ylabel="ms / token",
                 xscale="log", yscale="log")
     hs = cfg["histories"]
+    if not doc["latency"]:
+        axes[3].text(0.5, 0.5, "not measured in this run\n(--no-latency; see --latency-from)", ha="center",
+                     va="center", transform=axes[3].transAxes)
     axes[3].set_xticks(hs, [f"{h // 1024}K" if h >= 1024 else str(h) for h in hs])
     axes[3].minorticks_off()
     _plot_controls(doc, axes[4], axes[5], colors)
@@ -284,9 +287,13 @@ def _plot_controls(doc: dict[str, Any], ax_dup, ax_bars, colors) -> None:
     n = recs[0]["controls"]["num_pairs"] if recs else None
     for rec in recs:
         dup = rec["controls"].get("near_duplicate") or []
-        ax_dup.plot([r["mean_cosine"] for r in dup], [100 * r["accuracy"] for r in dup], "o-",
+        pulled = [r for r in dup if r["rho"] is not None]
+        ax_dup.plot([r["mean_cosine"] for r in pulled], [100 * r["accuracy"] for r in pulled], "o-",
                     color=colors[rec["mixer"]], label=rec["mixer"])
-    ax_dup.set(title=f"near-duplicate keys ({n} pairs)", xlabel="mean cosine between key embeddings",
+        for r in dup:
+            if r["rho"] is None:  # the embeddings as trained
+                ax_dup.plot(r["mean_cosine"], 100 * r["accuracy"], "*", ms=12, color=colors[rec["mixer"]])
+    ax_dup.set(title=f"near-duplicate keys ({n} pairs; star: as trained)", xlabel="mean cosine between key embeddings",
                ylabel="accuracy (%)", ylim=(-3, 103))
     labels = ["overwrites", "float32", "bf16 w, f32 state", "bf16 all"]
     width = 0.8 / max(1, len(recs))
