@@ -1,16 +1,29 @@
-"""linattn mqar: the generator says what it does, a tiny run learns, resume equals an uninterrupted run."""
+"""linattn mqar: the generator says what it does, a tiny run learns, resume equals an uninterrupted run; the
+controls do what they say; the latency pass runs apart; seeds are summarized."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from click.testing import CliRunner
 
 from linattn.tools import mqar
+from linattn.tools.mqar_controls import (
+    NEAR_DUPLICATE_LEVELS,
+    PRECISIONS,
+    control_pairs,
+    controls,
+    mean_pairwise_cosine,
+    near_duplicate_table,
+    with_near_duplicate_keys,
+    with_precision,
+)
 from linattn.tools.mqar_data import FILLER, IGNORE, generate, split_vocab
 from linattn.tools.mqar_train import TrainConfig, build_model, evaluate, state_floats, train
-from linattn.tools.results import read_result
+from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
 
 TINY = dict(vocab_size=16, seq_len=16, train_pairs=(2,), hidden_size=32, num_heads=2, head_dim=16, batch_size=32,
             lr=1e-2, seed=0)
@@ -143,3 +156,191 @@ def test_cli_resume_continues_from_checkpoints(tmp_path):
     no_dir = [a for a in base if a not in ("--checkpoint-dir", str(tmp_path / "ck"))]
     res = runner.invoke(mqar.command, [*no_dir, "--resume"])
     assert res.exit_code != 0 and "--checkpoint-dir" in res.output
+
+
+# --- controls: near-duplicate keys, precision; the latency pass apart; seeds summarized -------------------------
+
+def _tiny_model(mixer="gated_delta", steps=3):
+    torch.set_num_threads(1)
+    cfg = TrainConfig(steps=steps, **TINY)
+    model, _ = train(mixer, cfg, progress=False)
+    return model, cfg
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.9, 0.99])
+def test_near_duplicate_table_is_what_it_claims(rho):
+    torch.manual_seed(0)
+    weight = torch.randn(20, 12, dtype=torch.float64)
+    rows = slice(1, 9)
+    table, c = near_duplicate_table(weight, rows, rho)
+    e, new = weight[rows], table[rows]
+    assert torch.equal(table[:1], weight[:1]) and torch.equal(table[9:], weight[9:])  # other rows untouched
+    assert torch.allclose(new.norm(dim=1), e.norm(dim=1), atol=1e-12)  # norms kept
+    assert torch.allclose(F.normalize(new, dim=1) @ c, torch.full((8,), rho**0.5, dtype=torch.float64), atol=1e-12)
+
+    def perp(x):
+        p = x - (x @ c)[:, None] * c
+        return F.normalize(p, dim=1)
+
+    u = perp(e)
+    assert torch.allclose(perp(new), u, atol=1e-10)  # the part that tells keys apart keeps its direction
+    cos = F.normalize(new, dim=1) @ F.normalize(new, dim=1).T
+    assert torch.allclose(cos, rho + (1 - rho) * (u @ u.T), atol=1e-10)
+    off = ~torch.eye(8, dtype=torch.bool)
+    assert abs(mean_pairwise_cosine(new) - cos[off].mean().item()) < 1e-12
+    assert mean_pairwise_cosine(new) > mean_pairwise_cosine(e) + 0.3  # random rows: near 0 before
+    with pytest.raises(ValueError, match="rho"):
+        near_duplicate_table(weight, rows, 1.0)
+
+
+def test_near_duplicate_model_changes_only_what_keys_read():
+    model, cfg = _tiny_model()
+    dup = with_near_duplicate_keys(model, cfg, 0.9)
+    num_keys, _ = split_vocab(cfg.vocab_size)
+    assert torch.equal(dup.embed.weight, model.embed.weight)  # logits scored against the trained table
+    assert not torch.equal(dup.embed.table[1:1 + num_keys], model.embed.weight[1:1 + num_keys])
+    assert torch.equal(dup.embed.table[1 + num_keys:], model.embed.weight[1 + num_keys:])
+    with torch.no_grad():
+        no_keys = torch.tensor([[0, 1 + num_keys, 2 + num_keys, 0, cfg.vocab_size - 1]])
+        assert torch.equal(dup(no_keys)[0], model(no_keys)[0])  # no key token: the same model
+        with_key = torch.tensor([[0, 1, 1 + num_keys]])
+        assert not torch.equal(dup(with_key)[0], model(with_key)[0])
+
+
+def test_precision_copies_run_the_state_in_the_dtype_they_claim():
+    model, cfg = _tiny_model("hybrid")
+    ids = torch.from_numpy(generate(2, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, num_pairs=2, seed=5).inputs)
+    states = {}
+    for p in PRECISIONS:
+        m = with_precision(model, p)
+        want = torch.float32 if p == "float32" else torch.bfloat16
+        assert {q.dtype for q in m.parameters()} == {want}
+        linear = [b.mixer for b in m.layers if hasattr(b.mixer, "rule")]
+        assert len(linear) == 1
+        if p != "float32":
+            assert linear[0].form == "recurrent"
+        with torch.no_grad():
+            logits, cache = m(ids)
+        assert logits.dtype == want
+        states[p] = cache[0].state.S
+    assert states["float32"].dtype == torch.float32
+    assert states["bfloat16_state_float32"].dtype == torch.float32
+    assert states["bfloat16"].dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32  # the trained model is not touched
+    # The bfloat16 state is not the float32 one rounded at the end: it differs, but only by bfloat16 error.
+    s32, s16 = states["bfloat16_state_float32"], states["bfloat16"].float()
+    assert not torch.equal(s16, s32.to(torch.bfloat16).float())
+    assert (s16 - s32).abs().max() <= 0.05 * s32.abs().max()
+    with pytest.raises(ValueError, match="precision"):
+        with_precision(model, "float16")
+
+
+def test_controls_report_every_control():
+    model, cfg = _tiny_model()
+    n = control_pairs(cfg)
+    ctl = controls(model, cfg, n=n, examples=16)
+    assert [r["gap"] for r in ctl["moved"]] == [0, cfg.seq_len // 2, cfg.seq_len]
+    assert ctl["overwrites"]["overwritten"] == n // 2
+    dup = ctl["near_duplicate"]
+    assert [r["rho"] for r in dup] == [None, *NEAR_DUPLICATE_LEVELS]
+    assert dup[0]["accuracy"] == evaluate(model, cfg, pairs=(n,), examples=16)[0]["accuracy"]  # as trained
+    cosines = [r["mean_cosine"] for r in dup[1:]]
+    assert cosines == sorted(cosines) and all(abs(c - r) < 0.1 for c, r in
+                                              zip(cosines, NEAR_DUPLICATE_LEVELS, strict=True))
+    assert [(r["total_len"], r["gap"]) for r in ctl["precision"]] == [(cfg.seq_len, 0), (2 * cfg.seq_len,
+                                                                                        cfg.seq_len)]
+    assert all(set(PRECISIONS) <= set(r) for r in ctl["precision"])
+
+
+def test_resume_counts_training_time_of_every_session(tmp_path):
+    torch.set_num_threads(1)
+    cfg = TrainConfig(steps=6, **{**TINY, "seq_len": 12})
+    ckpt = tmp_path / "d.safetensors"
+    _, part = train("delta", cfg, checkpoint=ckpt, stop_at=3, progress=False)
+    _, done = train("delta", cfg, checkpoint=ckpt, resume=True, progress=False)
+    assert part["resumed_at_step"] == 0 and done["resumed_at_step"] == 3
+    assert done["train_s"] >= part["train_s"] > 0
+    _, again = train("delta", cfg, checkpoint=ckpt, resume=True, progress=False)  # nothing left to train
+    assert again["resumed_at_step"] == again["steps_done"] == 6 and again["train_s"] >= done["train_s"]
+
+
+SMALL = ["--vocab-size", "16", "--seq-len", "16", "--train-pairs", "2", "--eval-pairs", "1,2", "--steps", "3",
+         "--hidden-size", "16", "--eval-examples", "8", "--no-progress"]
+
+
+def test_latency_pass_apart_from_training(tmp_path):
+    ck, out = tmp_path / "ck", tmp_path / "t.json"
+    runner = CliRunner()
+    res = runner.invoke(mqar.command, [*SMALL, "--mixers", "attention,delta", "--no-latency", "--no-controls",
+                                       "--checkpoint-dir", str(ck), "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    trained = read_result(out, "mqar")
+    assert trained["latency"] == [] and trained["config"]["histories"] == []
+    lat = tmp_path / "lat.json"
+    res = runner.invoke(mqar.command, ["--latency-from", str(out), "--checkpoint-dir", str(ck), "--histories",
+                                       "64,128", "--no-progress", "--output", str(lat)])
+    assert res.exit_code == 0, res.output
+    doc = read_result(lat, "mqar")
+    assert {(r["mixer"], r["history"]) for r in doc["latency"]} == {(m, h) for m in ("attention", "delta")
+                                                                    for h in (64, 128)}
+    assert doc["models"] == trained["models"] and doc["latency_pass"]["source"] == str(out)
+    assert all(set(r["ms_per_token"]) == {"64", "128"} for r in doc["table"])
+    # A checkpoint that is not the one the result was trained to is refused.
+    res = runner.invoke(mqar.command, [*SMALL[:-1], "--steps", "2", "--mixers", "delta", "--no-latency",
+                                       "--no-controls", "--checkpoint-dir", str(tmp_path / "other"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    (ck / "delta.safetensors").unlink()
+    (tmp_path / "other" / "delta.safetensors").rename(ck / "delta.safetensors")
+    res = runner.invoke(mqar.command, ["--latency-from", str(out), "--checkpoint-dir", str(ck), "--no-progress"])
+    assert res.exit_code != 0 and "another configuration" in res.output
+    res = runner.invoke(mqar.command, ["--latency-from", str(out), "--no-progress"])
+    assert res.exit_code != 0 and "--checkpoint-dir" in res.output
+
+
+def test_summarize_seeds(tmp_path):
+    runner = CliRunner()
+    paths = []
+    for seed in (0, 1):
+        p = tmp_path / f"s{seed}.json"
+        res = runner.invoke(mqar.command, [*SMALL, "--mixers", "delta", "--no-latency", "--seed", str(seed),
+                                           "--output", str(p)])
+        assert res.exit_code == 0, res.output
+        paths.append(p)
+    out, png = tmp_path / "sum.json", tmp_path / "sum.png"
+    res = runner.invoke(mqar.command, ["--summarize", str(paths[0]), "--summarize", str(paths[1]), "--output",
+                                       str(out), "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    doc = read_result(out, "mqar_seeds")
+    assert doc["seeds"] == [0, 1] and png.stat().st_size > 0
+    runs = [read_result(p, "mqar")["models"][0] for p in paths]
+    want = [next(r["accuracy"] for r in m["eval"] if r["num_pairs"] == 2 and r["distance"] == "all") for m in runs]
+    got = doc["mixers"][0]["metrics"]["acc_all@2"]
+    assert got["values"] == want and got["mean"] == pytest.approx(sum(want) / 2)
+    assert got["min"] == min(want) and got["max"] == max(want)
+    ovr = doc["mixers"][0]["metrics"]["overwrites"]["values"]
+    assert ovr == [m["controls"]["overwrites"]["accuracy"] for m in runs]
+    assert doc["mixers"][0]["seeds"] == [0, 1] and doc["skipped"] == []
+    third = tmp_path / "s2.json"  # a mixer found in one run only is named, not summarized from one value
+    res = runner.invoke(mqar.command, [*SMALL, "--mixers", "attention", "--no-latency", "--no-controls", "--seed",
+                                       "2", "--output", str(third)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(mqar.command, [*(a for p in (*paths, third) for a in ("--summarize", str(p)))])
+    assert res.exit_code == 0 and "not summarized: attention" in res.output, res.output
+    other = tmp_path / "lr.json"  # another setting is refused, not averaged in
+    res = runner.invoke(mqar.command, [*SMALL, "--mixers", "delta", "--no-latency", "--lr", "0.01",
+                                       "--output", str(other)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(mqar.command, ["--summarize", str(paths[0]), "--summarize", str(other)])
+    assert res.exit_code != 0 and "lr" in res.output
+
+
+def test_committed_version_1_results_stay_readable():
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    for name in ("mqar_cpu.json", "mqar_cpu_seed1.json", "mqar_cpu_2500steps.json"):
+        doc = read_result(root / name, "mqar")
+        assert doc["schema"] == "linattn.mqar/1"
+        assert mqar.format_table(doc)  # the printed table copes with version 1 controls
+    v2 = json.loads((root / "mqar_cpu.json").read_text())
+    v2["schema"] = "linattn.mqar/2"  # a version 2 file must have the new controls
+    with pytest.raises(ResultValidationError, match="near_duplicate"):
+        validate(v2, load_schema("mqar"))

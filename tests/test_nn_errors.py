@@ -65,6 +65,7 @@ ACCEPTED = {
     **{("LinearAttention", "output_gate", lab): "a bool" for lab in ("True", "False")},
     **{("LinearAttention", "norm_eps", lab): "any finite eps >= 0" for lab in ("int 3", "int 0", "float 0.5")},
     ("LinearAttention", "chunk_size", "int 3"): "any positive int",
+    ("LinearAttention", "state_dtype", "None"): "linattn's own accumulation dtype",
     **{("SoftmaxAttention", "rope_base", lab): "any finite base > 0" for lab in ("int 3", "float 0.5")},
     ("CausalLM", "intermediate_size", "None"): "default 2 * hidden_size",
     ("CausalLM", "intermediate_size", "int 3"): "any width >= 1",

@@ -117,6 +117,8 @@ class LinearAttention(nn.Module):
         chunk_size, form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
         backend: passed to every linattn call (``"auto"``, ``"torch"``, ``"cpu"`` or ``"triton"``; see
             :func:`linattn.linear_attention`).
+        state_dtype: the recurrent state's accumulation dtype, passed to :func:`linattn.linear_attention` and
+            :func:`linattn.step`; ``None`` (default) is linattn's own (float32, also under bfloat16 weights).
 
     ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``. One token with a cache decodes through
     :func:`linattn.step`; longer inputs run ``form`` with the cache's state as initial state. With ``cu_seqlens``
@@ -146,6 +148,7 @@ class LinearAttention(nn.Module):
         chunk_size: int = 64,
         form: str = "chunk",
         backend: str = "auto",
+        state_dtype: torch.dtype | None = None,
     ):
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("head_dim", head_dim),
@@ -159,6 +162,8 @@ class LinearAttention(nn.Module):
         api._check_form(mod, rule, form)
         api._check_scalars(0.0, "add", None, chunk_size)
         kernels.check_backend(backend)
+        if state_dtype is not None:
+            api._compute_dtype(torch.float32, state_dtype)  # the API's check: a floating torch.dtype
         api._check_flag("output_gate", output_gate)
         check_optional_bool("per_channel_gate", per_channel_gate)
         if per_channel_gate and rule not in GATED_RULES:
@@ -177,6 +182,7 @@ class LinearAttention(nn.Module):
         self.normalize = (False if rule == "gated" else None) if normalize is None else normalize
         self._normalized = api._resolve_normalize(rule, self.normalize)  # True is refused for the delta rules
         self.rule, self.form, self.chunk_size, self.backend = rule, form, chunk_size, backend
+        self.state_dtype = state_dtype
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
         self.num_v_heads = num_heads if num_v_heads is None else num_v_heads
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
@@ -277,7 +283,8 @@ class LinearAttention(nn.Module):
         q, k, v = q.reshape(B, T, H, Dk), k.reshape(B, T, H, Dk), v.reshape(B, T, HV, Dv)
         g = self._gate(x)
         beta = _wide(self.b_proj(x)).sigmoid() if self.rule in DELTA_RULES else None
-        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend)
+        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend,
+                      state_dtype=self.state_dtype)
         if T == 1 and cache is not None:
             o, state = linattn.step(q[:, 0], k[:, 0], v[:, 0], cache.state, g=None if g is None else g[:, 0],
                                     beta=None if beta is None else beta[:, 0], **kwargs)

@@ -3,8 +3,9 @@
 For each mixer (softmax attention, accumulate with elu+1 and with Taylor features, gated, delta, gated delta, a
 gated-delta/attention hybrid) a two-layer :class:`linattn.nn.CausalLM` is trained on MQAR
 (:mod:`linattn.tools.mqar_data`) within a step count and a time budget, then evaluated: exact-match recall by
-number of pairs and by write-to-query distance, and three controls -- the evidence moved at fixed total length
-(forgetting), overwritten keys (write rule), the whole model in bfloat16 (precision). Finally the decode latency
+number of pairs and by write-to-query distance, and the controls of :mod:`linattn.tools.mqar_controls` -- the
+evidence moved at fixed total length (forgetting), overwritten and near-duplicate keys (write-rule capacity), and
+bfloat16 weights with a float32 or a bfloat16 state (precision). Finally the decode latency
 per token at histories of 2K/8K/32K tokens is timed side by side for every mixer: the KV cache of attention layers
 holds that many random keys and values (contents do not change the time), the linear layers hold their fixed state.
 """
@@ -26,17 +27,20 @@ from tqdm import tqdm
 
 import linattn
 from linattn.nn import KVCache
+from linattn.tools.mqar_controls import control_pairs, controls
 from linattn.tools.mqar_train import (
     MIXER_SPECS,
     TrainConfig,
+    build_model,
     config_dict,
     evaluate,
+    load_weights,
     state_floats,
     train,
 )
-from linattn.tools.results import atomic_write, check_label, refuse_existing, write_result
+from linattn.tools.results import atomic_write, check_label, read_result, refuse_existing, write_result
 
-SCHEMA = "linattn.mqar/1"
+SCHEMA = "linattn.mqar/2"
 QUICK = {"vocab_size": 32, "seq_len": 32, "train_pairs": (2, 4), "steps": 120, "batch_size": 32,
          "eval_pairs": (2, 4, 8), "eval_examples": 64, "histories": (512, 2048), "latency_repeats": 3}
 FULL = {"vocab_size": 48, "seq_len": 48, "train_pairs": (2, 4, 8), "steps": 4000, "batch_size": 32,
@@ -57,40 +61,6 @@ def _cpu_model() -> str:
 def _short_long(rows: list[dict[str, Any]], n: int) -> tuple[float | None, float | None]:
     pick = {r["distance"]: r["accuracy"] for r in rows if r["num_pairs"] == n}
     return pick.get("short"), pick.get("long")
-
-
-def _control_pairs(cfg: TrainConfig) -> int:
-    """The most trained pairs that still fit with half of them overwritten: 2 (n + n // 2) + 2 n <= seq_len."""
-    fits = [n for n in cfg.train_pairs if 2 * (n + n // 2) + 2 * n <= cfg.seq_len]
-    return max(fits) if fits else min(cfg.train_pairs)
-
-
-def controls(model, cfg: TrainConfig, *, n: int, examples: int) -> dict[str, Any]:
-    """Evidence moved at fixed total length ``2 * seq_len`` (fillers ``lead`` before the writes, ``gap`` after,
-    ``lead + gap`` fixed), overwritten keys (half the pairs rewritten; queries ask for the latest value), and the
-    model cast to bfloat16. Each: accuracy over all queries of ``n`` pairs."""
-    out: dict[str, Any] = {"num_pairs": n, "moved": [], "overwrites": None, "bfloat16": None}
-    filler = cfg.seq_len
-    for gap in (0, filler // 2, filler):
-        rows = evaluate(model, cfg, pairs=(n,), examples=examples, seq_len=cfg.seq_len + filler,
-                        lead=filler - gap, gap=gap, seed_offset=20_000)
-        out["moved"].append({"gap": gap, "total_len": cfg.seq_len + filler, "accuracy": rows[0]["accuracy"]})
-    try:
-        rows = evaluate(model, cfg, pairs=(n,), examples=examples, overwrites=n // 2, seed_offset=30_000)
-        out["overwrites"] = {"overwritten": n // 2, "accuracy": rows[0]["accuracy"]}
-    except ValueError:  # no room in seq_len for the rewritten pairs
-        out["overwrites"] = None
-    bf = build_model_like(model, cfg)
-    rows = evaluate(bf, cfg, pairs=(n,), examples=examples, seed_offset=10_000)
-    out["bfloat16"] = {"accuracy": rows[0]["accuracy"]}
-    return out
-
-
-def build_model_like(model, cfg: TrainConfig):
-    """A bfloat16 copy of ``model`` (weights, activations and recurrent state all in bfloat16)."""
-    import copy
-
-    return copy.deepcopy(model).to(torch.bfloat16)
 
 
 @torch.no_grad()
@@ -131,6 +101,51 @@ def decode_latency(models: dict[str, Any], histories: tuple[int, ...], *, repeat
     return rows
 
 
+def summary_table(records: list[dict[str, Any]], latency: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """One row per mixer: accuracy at ``n`` pairs (short, long, all distances) next to its decode latency."""
+    table = []
+    for rec in records:
+        short, long = _short_long(rec["eval"], n)
+        table.append({"mixer": rec["mixer"], "num_pairs": n, "acc_short": short, "acc_long": long,
+                      "acc_all": next(r["accuracy"] for r in rec["eval"] if r["num_pairs"] == n
+                                      and r["distance"] == "all"),
+                      "ms_per_token": {str(r["history"]): r["ms_per_token"] for r in latency
+                                       if r["mixer"] == rec["mixer"]}})
+    return table
+
+
+def latency_only(doc: dict[str, Any], source: str, checkpoint_dir: Path, *, histories: tuple[int, ...] | None,
+                 repeats: int | None, threads: int, progress: bool = True) -> dict[str, Any]:
+    """Only the decode-latency pass, for the trained checkpoints of a result ``doc`` (read from ``source``):
+    every model is rebuilt from ``checkpoint_dir/<mixer>.safetensors`` (refused unless it has the result's
+    configuration and the steps the result records), timed, and the latency and table of a copy of ``doc``
+    replaced. The evaluations are carried over unchanged."""
+    torch.set_num_threads(threads)
+    c = doc["config"]
+    cfg = TrainConfig(**{k: (tuple(c[k]) if k == "train_pairs" else c[k]) for k in config_dict(TrainConfig())})
+    models = {}
+    for rec in doc["models"]:
+        path = Path(checkpoint_dir) / f"{rec['mixer']}.safetensors"
+        if not path.is_file():
+            raise ValueError(f"checkpoint-dir: no checkpoint {path} for mixer {rec['mixer']}")
+        model = build_model(rec["mixer"], cfg)
+        step = load_weights(path, model, rec["mixer"], cfg)
+        if step != rec["steps_done"]:
+            raise ValueError(f"checkpoint-dir: {path} is at step {step}, the result records {rec['steps_done']}")
+        models[rec["mixer"]] = model.eval()
+    hs = tuple(histories or c["histories"] or FULL["histories"])
+    reps = repeats or c.get("latency_repeats") or FULL["latency_repeats"]
+    before = os.getloadavg()
+    latency = decode_latency(models, hs, repeats=reps, progress=progress)
+    out = {**doc, "config": {**c, "histories": list(hs), "latency_repeats": reps}, "latency": latency,
+           "table": summary_table(doc["models"], latency, doc["table"][0]["num_pairs"] if doc["table"]
+                                  else max(cfg.train_pairs)),
+           "latency_pass": {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "source": source,
+                            "loadavg_before": list(before), "loadavg_after": list(os.getloadavg())}}
+    out["environment"] = {**doc["environment"], "torch_threads": torch.get_num_threads()}
+    return out
+
+
 def run(mixers: tuple[str, ...], cfg: TrainConfig, *, eval_pairs: tuple[int, ...], eval_examples: int,
         histories: tuple[int, ...], latency_repeats: int, budget_s: float | None, checkpoint_dir: Path | None,
         resume: bool, threads: int, with_controls: bool = True, progress: bool = True) -> dict[str, Any]:
@@ -148,7 +163,7 @@ def run(mixers: tuple[str, ...], cfg: TrainConfig, *, eval_pairs: tuple[int, ...
         rec = {"mixer": mixer, "layers": list(model.mixers), "params": sum(p.numel() for p in model.parameters()),
                "state_floats": state_floats(model), **info, "final_loss": log[-1][1] if log else None,
                "loss_curve": log[::stride], "eval": rows,
-               "controls": controls(model, cfg, n=_control_pairs(cfg), examples=eval_examples)
+               "controls": controls(model, cfg, n=control_pairs(cfg), examples=eval_examples)
                if with_controls else None}
         records.append(rec)
         models[mixer] = model
@@ -157,15 +172,7 @@ def run(mixers: tuple[str, ...], cfg: TrainConfig, *, eval_pairs: tuple[int, ...
             tqdm.write(f"{mixer}: {info['steps_done']} steps ({info['stop_reason']}), accuracy by pairs {acc}")
     load_mid = os.getloadavg()
     latency = decode_latency(models, histories, repeats=latency_repeats, progress=progress) if histories else []
-    n_table = max(cfg.train_pairs)
-    table = []
-    for rec in records:
-        short, long = _short_long(rec["eval"], n_table)
-        row = {"mixer": rec["mixer"], "num_pairs": n_table, "acc_short": short, "acc_long": long,
-               "acc_all": next(r["accuracy"] for r in rec["eval"] if r["num_pairs"] == n_table
-                               and r["distance"] == "all"),
-               "ms_per_token": {str(r["history"]): r["ms_per_token"] for r in latency if r["mixer"] == rec["mixer"]}}
-        table.append(row)
+    table = summary_table(records, latency, max(cfg.train_pairs))
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -185,6 +192,15 @@ def run(mixers: tuple[str, ...], cfg: TrainConfig, *, eval_pairs: tuple[int, ...
     }
 
 
+def _controls_cells(rec: dict[str, Any]) -> tuple[float | None, ...]:
+    """(overwritten, near-duplicate at rho 0.9, float32 / bf16 + f32 state / all bf16 at the longest length)."""
+    ctl = rec.get("controls") or {}
+    ovr = (ctl.get("overwrites") or {}).get("accuracy")
+    dup = next((r["accuracy"] for r in ctl.get("near_duplicate", []) if r["rho"] == 0.9), None)
+    prec = (ctl.get("precision") or [{}])[-1]
+    return ovr, dup, prec.get("float32"), prec.get("bfloat16_state_float32"), prec.get("bfloat16")
+
+
 def format_table(doc: dict[str, Any]) -> str:
     hs = doc["config"]["histories"]
     n = doc["table"][0]["num_pairs"] if doc["table"] else 0
@@ -195,23 +211,34 @@ def format_table(doc: dict[str, Any]) -> str:
     head = f"{'mixer':<20}{'state':>7}" + "".join(f"{f'ms@{h // 1024}K' if h >= 1024 else f'ms@{h}':>10}"
                                                     for h in hs)
     head += f"{'short%':>8}{'long%':>7}{'all%':>6}   (pairs = {n})"
+    head += f" | controls{'ovr%':>6}{'dup.9%':>8}{'f32%':>6}{'bf16w%':>8}{'bf16%':>7}"
     lines = [head]
-    states = {r["mixer"]: r["state_floats"] for r in doc["models"]}
+    recs = {r["mixer"]: r for r in doc["models"]}
     for row in doc["table"]:
         ms = "".join(f"{row['ms_per_token'].get(str(h), float('nan')):>10.3f}" for h in hs)
-        lines.append(f"{row['mixer']:<20}{states[row['mixer']]:>7}{ms}{pct(row['acc_short']):>8}"
-                     f"{pct(row['acc_long']):>7}{pct(row['acc_all']):>6}")
+        ovr, dup, f32, bfw, bf = _controls_cells(recs[row["mixer"]])
+        lines.append(f"{row['mixer']:<20}{recs[row['mixer']]['state_floats']:>7}{ms}{pct(row['acc_short']):>8}"
+                     f"{pct(row['acc_long']):>7}{pct(row['acc_all']):>6}{'':>15} |{'':>8}{pct(ovr):>6}"
+                     f"{pct(dup):>8}{pct(f32):>6}{pct(bfw):>8}{pct(bf):>7}")
+    ctl = next((r["controls"] for r in doc["models"] if r.get("controls")), None)
+    if ctl and "precision" in ctl:
+        longest = ctl["precision"][-1]
+        lines.append(f"controls at {ctl['num_pairs']} pairs: ovr = {ctl['num_pairs'] // 2} keys written again "
+                     f"with new values; dup.9 = key embeddings sharing 90% of their direction; f32 / bf16w (bfloat16 "
+                     f"weights, float32 state) / bf16 (all bfloat16, state too) at T = {longest['total_len']}")
     return "\n".join(lines)
 
 
 def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
-    """Four panels: training loss, accuracy vs pairs, accuracy vs distance, decode ms/token vs history."""
+    """Six panels: training loss, accuracy vs pairs, accuracy vs distance, decode ms/token vs history, and the
+    controls: accuracy vs near-duplicate key similarity, and overwrites / precision per mixer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4.6))
+    fig, grid = plt.subplots(2, 3, figsize=(19, 9.2))
+    axes = grid.ravel()
     colors = dict(zip([m["mixer"] for m in doc["models"]], plt.cm.tab10.colors, strict=False))
     n_table = doc["table"][0]["num_pairs"] if doc["table"] else None
     for rec in doc["models"]:
@@ -238,8 +265,12 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     axes[3].set(title="decode latency per token (batch 1)", xlabel="history (tokens)", ylabel="ms / token",
                 xscale="log", yscale="log")
     hs = cfg["histories"]
+    if not doc["latency"]:
+        axes[3].text(0.5, 0.5, "not measured in this run\n(--no-latency; see --latency-from)", ha="center",
+                     va="center", transform=axes[3].transAxes)
     axes[3].set_xticks(hs, [f"{h // 1024}K" if h >= 1024 else str(h) for h in hs])
     axes[3].minorticks_off()
+    _plot_controls(doc, axes[4], axes[5], colors)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     axes[1].legend(fontsize=8)
@@ -248,6 +279,47 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
         return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100), overwrite=overwrite)
     finally:
         plt.close(fig)
+
+
+def _plot_controls(doc: dict[str, Any], ax_dup, ax_bars, colors) -> None:
+    """Near-duplicate keys: accuracy vs the keys' mean pairwise cosine; bars: overwrites and the three precisions."""
+    recs = [r for r in doc["models"] if r.get("controls")]
+    n = recs[0]["controls"]["num_pairs"] if recs else None
+    for rec in recs:
+        dup = rec["controls"].get("near_duplicate") or []
+        pulled = [r for r in dup if r["rho"] is not None]
+        ax_dup.plot([r["mean_cosine"] for r in pulled], [100 * r["accuracy"] for r in pulled], "o-",
+                    color=colors[rec["mixer"]], label=rec["mixer"])
+        for r in dup:
+            if r["rho"] is None:  # the embeddings as trained
+                ax_dup.plot(r["mean_cosine"], 100 * r["accuracy"], "*", ms=12, color=colors[rec["mixer"]])
+    ax_dup.set(title=f"near-duplicate keys ({n} pairs; star: as trained)", xlabel="mean cosine between key embeddings",
+               ylabel="accuracy (%)", ylim=(-3, 103))
+    labels = ["overwrites", "float32", "bf16 w, f32 state", "bf16 all"]
+    width = 0.8 / max(1, len(recs))
+    for i, rec in enumerate(recs):
+        ovr, _, f32, bfw, bf = _controls_cells(rec)
+        vals = [float("nan") if v is None else 100 * v for v in (ovr, f32, bfw, bf)]
+        ax_bars.bar(np.arange(len(labels)) + (i - (len(recs) - 1) / 2) * width, vals, width,
+                    color=colors[rec["mixer"]], label=rec["mixer"])
+    prec = (recs[0]["controls"].get("precision") or [{}])[-1] if recs else {}
+    ax_bars.set_xticks(range(len(labels)), labels)
+    ax_bars.set(title=f"overwritten keys; precision at T = {prec.get('total_len', '?')} ({n} pairs)",
+                ylabel="accuracy (%)", ylim=(0, 103))
+
+
+def _summarize_command(paths: tuple[str, ...], output: str | None, plot_path: str | None, overwrite: bool) -> None:
+    from linattn.tools import mqar_seeds
+
+    try:
+        doc = mqar_seeds.summarize([read_result(p, "mqar") for p in paths], [str(p) for p in paths])
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(mqar_seeds.format_summary(doc))
+    if output:
+        click.echo(f"wrote {write_result(doc, output, 'mqar_seeds', overwrite=overwrite)}")
+    if plot_path:
+        click.echo(f"wrote {mqar_seeds.plot_summary(doc, plot_path, overwrite=overwrite)}")
 
 
 def _ints(ctx, param, value):
@@ -289,23 +361,34 @@ def _mixers(ctx, param, value):
               help="Wall-clock training budget per model (stops early; --resume continues).")
 @click.option("--eval-examples", type=click.IntRange(min=1), default=None)
 @click.option("--histories", default=None, callback=_ints, help="Decode histories, default 2048,8192,32768.")
-@click.option("--no-controls", is_flag=True, help="Skip the moved-evidence, overwrite and bfloat16 evaluations.")
+@click.option("--no-controls", is_flag=True,
+              help="Skip the controls (moved evidence, overwritten and near-duplicate keys, precision).")
+@click.option("--no-latency", is_flag=True,
+              help="Skip the decode-latency pass (measure it later, in a quiet window, with --latency-from).")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Save <mixer>.safetensors here (every 100 steps and at the end).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoints in --checkpoint-dir.")
+@click.option("--latency-from", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Train nothing: rebuild the models of this result from --checkpoint-dir, run only the latency "
+                   "pass, write the result with new latency to --output.")
+@click.option("--summarize", type=click.Path(dir_okay=False, exists=True), multiple=True,
+              help="Train nothing: summarize these results of one setting over seeds (repeat the option).")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bars.")
 def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, batch_size, hidden_size, num_layers,
-            num_heads, head_dim,
-            lr, budget_s, eval_examples, histories, no_controls, threads, seed, checkpoint_dir, resume, output,
-            plot_path, overwrite, no_progress) -> None:
+            num_heads, head_dim, lr, budget_s, eval_examples, histories, no_controls, no_latency, threads, seed,
+            checkpoint_dir, resume, output, plot_path, overwrite, no_progress, latency_from, summarize) -> None:
     """Multi-query associative recall trained per mixer, with decode latency at 2K/8K/32K."""
     if resume and not checkpoint_dir:
         raise click.BadParameter("--resume needs --checkpoint-dir", param_hint="--resume")
+    if latency_from and not checkpoint_dir:
+        raise click.BadParameter("--latency-from needs --checkpoint-dir", param_hint="--latency-from")
+    if latency_from and summarize:
+        raise click.UsageError("--latency-from and --summarize are separate passes; give one")
     for path in (output, plot_path):
         if path:
             check_label(Path(path).stem, "--output/--plot file name")
@@ -313,6 +396,21 @@ def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, 
                 refuse_existing(path, overwrite=overwrite)
             except FileExistsError as exc:
                 raise click.UsageError(str(exc)) from None
+    if summarize:
+        _summarize_command(summarize, output, plot_path, overwrite)
+        return
+    if latency_from:
+        try:
+            doc = latency_only(read_result(latency_from, "mqar"), str(latency_from), Path(checkpoint_dir),
+                               histories=histories, repeats=None, threads=threads, progress=not no_progress)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        click.echo(format_table(doc))
+        if output:
+            click.echo(f"wrote {write_result(doc, output, 'mqar', overwrite=overwrite)}")
+        if plot_path:
+            click.echo(f"wrote {plot(doc, plot_path, overwrite=overwrite)}")
+        return
     base = QUICK if quick else FULL
     cfg = TrainConfig(vocab_size=vocab_size or base["vocab_size"], seq_len=seq_len or base["seq_len"],
                       train_pairs=train_pairs or base["train_pairs"], steps=steps or base["steps"],
@@ -321,7 +419,8 @@ def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, 
                       lr=lr, seed=seed)
     try:
         doc = run(mixers, cfg, eval_pairs=eval_pairs or base["eval_pairs"],
-                  eval_examples=eval_examples or base["eval_examples"], histories=histories or base["histories"],
+                  eval_examples=eval_examples or base["eval_examples"],
+                  histories=() if no_latency else histories or base["histories"],
                   latency_repeats=base["latency_repeats"], budget_s=budget_s, checkpoint_dir=checkpoint_dir,
                   resume=resume, threads=threads, with_controls=not no_controls, progress=not no_progress)
     except ValueError as exc:

@@ -127,18 +127,21 @@ def _loss_acc(model: CausalLM, inputs: np.ndarray, targets: np.ndarray) -> tuple
 
 
 def save_checkpoint(path: Path, model: CausalLM, opt: torch.optim.Optimizer, step: int, log: list,
-                    config: dict[str, Any]) -> None:
-    """Weights, AdamW moments and the step in one safetensors file (written atomically)."""
+                    config: dict[str, Any], train_s: float = 0.0) -> None:
+    """Weights, AdamW moments, the step and the training seconds so far in one safetensors file (written
+    atomically)."""
     tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     for idx, st in opt.state_dict()["state"].items():
         for key, val in st.items():
             tensors[f"opt.{idx}.{key}"] = torch.as_tensor(val).contiguous()
-    meta = {"step": str(step), "log": json.dumps(log), "config": json.dumps(config)}
+    meta = {"step": str(step), "log": json.dumps(log), "config": json.dumps(config), "train_s": f"{train_s:.2f}"}
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta), overwrite=True)
 
 
 def load_checkpoint(path: Path, model: CausalLM, opt: torch.optim.Optimizer,
-                    config: dict[str, Any]) -> tuple[int, list]:
+                    config: dict[str, Any]) -> tuple[int, list, float]:
+    """Restore ``model`` and ``opt`` from ``path``; returns (step, log, training seconds before the checkpoint).
+    A checkpoint of another configuration is refused (ValueError)."""
     from safetensors import safe_open
 
     tensors = load_file(str(path))
@@ -155,7 +158,22 @@ def load_checkpoint(path: Path, model: CausalLM, opt: torch.optim.Optimizer,
             _, idx, key = k.split(".", 2)
             state.setdefault(int(idx), {})[key] = v
     opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})
-    return int(meta["step"]), json.loads(meta["log"])
+    return int(meta["step"]), json.loads(meta["log"]), float(meta.get("train_s", 0.0))
+
+
+def load_weights(path: Path, model: CausalLM, mixer: str, cfg: TrainConfig) -> int:
+    """Load only the weights of a checkpoint written by :func:`train` for ``mixer`` and ``cfg`` (another
+    configuration is a ValueError); returns the step it was saved at."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as fh:
+        meta = fh.metadata()
+        saved = json.loads(meta.get("config", "null"))
+        ident = {"mixer": mixer, **config_dict(cfg)}
+        if saved != ident:
+            raise ValueError(f"checkpoint {path} was trained with another configuration ({saved}); expected {ident}")
+        model.load_state_dict({k[6:]: fh.get_tensor(k) for k in fh.keys() if k.startswith("model.")})
+    return int(meta["step"])
 
 
 def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resume: bool = False,
@@ -166,10 +184,11 @@ def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resum
     Returns (model, info) with info: steps done, stop reason, wall seconds, the loss/accuracy log."""
     model = build_model(mixer, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    step, log = 0, []
+    step, log, before_s = 0, [], 0.0
     ident = {"mixer": mixer, **config_dict(cfg)}
     if resume and checkpoint is not None and Path(checkpoint).exists():
-        step, log = load_checkpoint(Path(checkpoint), model, opt, ident)
+        step, log, before_s = load_checkpoint(Path(checkpoint), model, opt, ident)
+    resumed_at = step
     start = time.perf_counter()
     end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
     reason = "steps"
@@ -193,14 +212,17 @@ def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resum
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}")
             if checkpoint is not None and step % checkpoint_every == 0:
-                save_checkpoint(Path(checkpoint), model, opt, step, log, ident)
+                save_checkpoint(Path(checkpoint), model, opt, step, log, ident,
+                                before_s + time.perf_counter() - start)
     if stop_at is not None and step >= stop_at and step < cfg.steps:
         reason = "stopped"
+    train_s = before_s + time.perf_counter() - start
     if checkpoint is not None:
-        save_checkpoint(Path(checkpoint), model, opt, step, log, ident)
+        save_checkpoint(Path(checkpoint), model, opt, step, log, ident, train_s)
     model.eval()
-    return model, {"steps_done": step, "stop_reason": reason, "train_s": round(time.perf_counter() - start, 2),
-                   "log": log}
+    # train_s counts every session's training time (a resumed run adds the time saved in its checkpoint).
+    return model, {"steps_done": step, "stop_reason": reason, "train_s": round(train_s, 2),
+                   "resumed_at_step": resumed_at, "log": log}
 
 
 @torch.no_grad()
