@@ -168,3 +168,16 @@ def test_step_half_precision_inputs_float32_state():
     assert o.dtype == torch.bfloat16 and new.S.dtype == torch.float32
     assert rel_err(o, np64(o_t)) < 1e-2
     assert rel_err(new.S, np64(new_t.S)) < 1e-5 and rel_err(new.z, np64(new_t.z)) < 1e-5
+
+
+def test_serial_and_parallel_builds_have_cache_entries_of_their_own():
+    """numba names a disk-cache entry after the function, not its options: two builds of one kernel sharing a
+    name load one build for both (the parallel prefill then ran on one thread)."""
+    from linattn.kernels import cpu_numba
+
+    names = set()
+    for kernel in ("token_loop", "prefill", "backward"):
+        par, ser = getattr(cpu_numba, f"{kernel}_parallel"), getattr(cpu_numba, f"{kernel}_serial")
+        assert par.targetoptions.get("parallel") is True and not ser.targetoptions.get("parallel")
+        names |= {par._cache._cache_file._index_name, ser._cache._cache_file._index_name}
+    assert len(names) == 6, names

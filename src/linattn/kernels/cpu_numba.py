@@ -21,12 +21,29 @@ from __future__ import annotations
 import math
 import os
 import threading
+import types
 
 import numba
 import numpy as np
 import torch
 
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+
+
+def _builds(fn, flags: dict):
+    """The parallel and the serial build of ``fn``, each under a name of its own.
+
+    numba's disk cache names an entry by the function's qualified name and first line, not by its options: two
+    builds of one function share one entry, and whichever compiled first is loaded for both (the parallel build
+    then ran on one thread, or the serial one woke the pool). A copy of the function per build keeps them apart.
+    """
+    out = []
+    for parallel in (True, False):
+        name = f"{fn.__name__}_{'parallel' if parallel else 'serial'}"
+        clone = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+        clone.__qualname__, clone.__doc__ = name, fn.__doc__
+        out.append(numba.njit(parallel=parallel, **flags)(clone))
+    return tuple(out)
 
 
 def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel):
@@ -125,8 +142,7 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
                     o[b, t, h, j] = sc * (ap * r[j] + qk * w[j])
 
 
-token_loop_parallel = numba.njit(parallel=True, **_FLAGS)(_token_loop)
-token_loop_serial = numba.njit(**_FLAGS)(_token_loop)
+token_loop_parallel, token_loop_serial = _builds(_token_loop, _FLAGS)
 
 
 def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
@@ -223,8 +239,7 @@ def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, d
 
 
 _FLAGS_T = dict(_FLAGS, fastmath={"contract", "reassoc", "nsz"})  # nsz: a sum starting at +0.0 vectorizes
-prefill_parallel = numba.njit(parallel=True, **_FLAGS_T)(_prefill)
-prefill_serial = numba.njit(**_FLAGS_T)(_prefill)
+prefill_parallel, prefill_serial = _builds(_prefill, _FLAGS_T)
 
 
 def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, dg, dbeta, scale, gated, delta,
@@ -335,8 +350,7 @@ def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, 
                     dg[t, h, 0] = total
 
 
-backward_parallel = numba.njit(parallel=True, **_FLAGS_T)(_backward)
-backward_serial = numba.njit(**_FLAGS_T)(_backward)
+backward_parallel, backward_serial = _builds(_backward, _FLAGS_T)
 
 
 def _use_workqueue() -> None:
