@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Re-run every committed result under benchmarks/results/ with the current code (replacing the files).
-# Timings are only meaningful on a quiet machine: run nothing else meanwhile. About 15 minutes on 2 cores;
+# Timings are only meaningful on a quiet machine: run nothing else meanwhile. About 30 minutes on 2 cores (MQAR
+# training, when its checkpoints are missing, adds up to an hour);
 # the perf step needs the optional peers: pip install -c constraints.txt ".[peers]".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +18,15 @@ linattn stability --no-progress --overwrite --state-dtype float32 --dtype bfloat
 linattn recall --no-progress --overwrite --output "$R/recall_d64.json" --plot "$R/recall_d64.png"
 linattn perf --overwrite --output "$R/perf_cpu.json" --markdown "$R/perf_cpu.md"
 linattn sp-bench --ranks 2 --repeats 3 --overwrite --output "$R/sp_bench_cpu.json"
+# The compiled CPU kernels, side by side with the torch forms and the peers (README perf section, docs/perf.md):
+linattn perf --threads 1 --no-memory --only 'fwd/*/B1_T8192,fwdbwd/*/B1_T8192,decode/*' --overwrite \
+  --output "$R/perf_cpu_kernels_1thread.json" --markdown "$R/perf_cpu_kernels_1thread.md"
+linattn perf --threads 2 --no-memory --only 'fwd/*/B1_T8192,decode/*' --overwrite \
+  --output "$R/perf_cpu_kernels_2threads.json" --markdown "$R/perf_cpu_kernels_2threads.md"
+linattn bench --no-progress --rules accumulate,gated_delta --sequence-lengths 128,512,2048,8192 \
+  --run-label cpu-compiled-step --overwrite --plot "$R/arch-linear-recurrence-v2_cpu-compiled-step.png"
+python scripts/qwen3_next_bench.py --T 4096 --threads 1 --out "$R/qwen3_next_cpu.json" --overwrite
+python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 3 > "$R/compiled_backward_cost_cpu.txt"
+python scripts/packing_cost.py --threads 1 --repeats 5 > "$R/packing_cost_cpu.txt"
+# MQAR: the grid in stages (training takes 10-60 minutes; see the script), then the latency pass alone.
+OVERWRITE=1 scripts/mqar_grid.sh train eval summary latency
