@@ -26,7 +26,10 @@ linattn perf --threads 2 --no-memory --only 'fwd/*/B1_T8192,decode/*' --overwrit
 linattn bench --no-progress --rules accumulate,gated_delta --sequence-lengths 128,512,2048,8192 \
   --run-label cpu-compiled-step --overwrite --plot "$R/arch-linear-recurrence-v2_cpu-compiled-step.png"
 python scripts/qwen3_next_bench.py --T 4096 --threads 1 --out "$R/qwen3_next_cpu.json" --overwrite
-python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 3 > "$R/compiled_backward_cost_cpu.txt"
-python scripts/packing_cost.py --threads 1 --repeats 5 > "$R/packing_cost_cpu.txt"
+# (printed tables: written to a temporary file first, so a failed run leaves the committed one as it was)
+python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 3 > "$R/compiled_backward_cost_cpu.txt.tmp"
+mv "$R/compiled_backward_cost_cpu.txt.tmp" "$R/compiled_backward_cost_cpu.txt"
+python scripts/packing_cost.py --threads 1 --repeats 5 > "$R/packing_cost_cpu.txt.tmp"
+mv "$R/packing_cost_cpu.txt.tmp" "$R/packing_cost_cpu.txt"
 # MQAR: the grid in stages (training takes 10-60 minutes; see the script), then the latency pass alone.
 OVERWRITE=1 scripts/mqar_grid.sh train eval summary latency

@@ -408,3 +408,21 @@ def test_usual_head_sizes_match_reference_and_torch_step(calls, D, rule, gate, i
     assert rel_err(o[:, 3:], o_torch.double().numpy()) < 2e-5
     assert rel_err(state.S, state_torch.S.double().numpy()) < 2e-5
     assert rel_err(state.z, state_torch.z.double().numpy()) < 2e-5
+
+
+@pytest.mark.parametrize("rule", ["accumulate", "gated_delta"])
+def test_in_place_fast_step_tells_autograd(rule):
+    """The compiled step writes the state through a raw pointer; a graph that saved the state must then refuse to
+    backpropagate through the overwritten values (as torch's own in-place ops make it), not use them silently."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, generator=gen) for _ in range(3))
+    gates = {"g": -torch.rand(1, 2, generator=gen), "beta": torch.rand(1, 2, generator=gen)}
+    kw = {} if rule == "accumulate" else gates
+    _, state = linattn.step(q, k, v, rule=rule, **kw)
+    w = torch.ones_like(state.S, requires_grad=True)
+    y = (state.S * w).sum()
+    version = state.S._version
+    linattn.step(q, k, v, state, rule=rule, inplace=True, **kw)
+    assert state.S._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import check_state_and_output as check
 from helpers import kernel_inputs as make
 from helpers import np64, reference_call, rel_err
@@ -242,3 +243,30 @@ def test_parallel_builds_match_serial(monkeypatch):
     assert launched == [1, 1, 2, 2]  # forward and backward, serial then parallel
     for a, b in zip(*runs, strict=True):
         assert rel_err(b, np64(a)) < 1e-5
+
+
+def test_compiled_backward_steps_aside_for_torch_func_and_learnable_maps():
+    """Under torch.func transforms "auto" keeps the torch forms (the compiled backward has no functorch rule), and a
+    feature map with parameters gets its gradient on every backend (the grad decision sees the map's output)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 9, 2, 4, generator=gen) for _ in range(3))
+    k = F.normalize(k, dim=-1)
+    beta = torch.rand(1, 9, 2, generator=gen)
+
+    def loss(v_, backend):
+        return linattn.linear_attention(q, k, v_, rule="delta", beta=beta, backend=backend)[0].pow(2).sum()
+
+    g_auto = torch.func.grad(lambda v_: loss(v_, "auto"))(v)
+    g_torch = torch.func.grad(lambda v_: loss(v_, "torch"))(v)
+    assert rel_err(g_auto, g_torch) < 1e-5
+    lin = torch.nn.Linear(4, 4)
+    grads = {}
+    for backend in ("auto", "cpu", "torch"):
+        lin.zero_grad()
+        fm = lambda x: F.softplus(lin(x))  # noqa: E731
+        o, _ = linattn.linear_attention(q, q, v, feature_map=fm, backend=backend)
+        assert o.requires_grad, backend
+        o.pow(2).sum().backward()
+        grads[backend] = lin.weight.grad.clone()
+    for backend in ("auto", "cpu"):
+        assert rel_err(grads[backend], grads["torch"]) < 1e-5, backend

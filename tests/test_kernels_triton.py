@@ -324,6 +324,18 @@ def test_delta_forward_keeps_buffers_only_when_recording_a_graph(tk, monkeypatch
     assert seen == [False, True] and q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_delta_backward_runs_twice_with_retain_graph(tk):
+    """backward(retain_graph=True) then backward again: the saved buffers survive, and both give the same grads."""
+    x = make("delta", None, T=17, B=1, H=1)
+    q, k, v, beta = (x[n].transpose(1, 2).to(DEVICE).requires_grad_() for n in ("q", "k", "v", "beta"))
+    o, _ = tk.chunk_kernel("delta")(q, k, v, beta=beta, chunk_size=16)
+    loss = (o**2).sum()
+    loss.backward(retain_graph=True)
+    first = v.grad.clone()
+    loss.backward()
+    assert torch.allclose(v.grad, 2 * first)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("chunk_size", [16, 64])

@@ -429,7 +429,8 @@ def linear_attention(
     fmap = resolve_feature_map(feature_map)
     # Features in the accumulation dtype: a bfloat16 feature map (Taylor's outer products) would add its own error.
     # The map acts token by token, so one token tells the feature width before any work is done.
-    Dk = _features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0].shape[-1]
+    probe = _features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0]
+    Dk = probe.shape[-1]  # the feature width
     _check_gate_and_beta(rule, g, beta, (B, T, H), Dk, q.device)
     if initial_state is not None:
         _check_state(initial_state, B, H, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
@@ -444,7 +445,8 @@ def linear_attention(
     slab = _slab_tokens(B * H, Dk + Dv, chunk_size, torch.finfo(dtype).bits // 8) if form == "chunk" else T
     # Without autograd, each slab writes its share of the output in place (the division is that write).
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
+    # A callable feature map may carry parameters: its output on one token tells whether autograd is needed.
+    grad = torch.is_grad_enabled() and (probe.requires_grad or any(t is not None and t.requires_grad for t in tracked))
     fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S, fmap=fmap,
                                     scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode, grad=grad,
                                     chunk_size=chunk_size)
@@ -615,6 +617,9 @@ def _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mod
     if status != kd.OK:
         return None  # nothing was written; the full path raises the error that names the gate
     if inplace:
+        # The kernel wrote through a raw pointer: tell autograd, so a graph that saved this state refuses to use
+        # the overwritten values instead of computing a wrong gradient from them.
+        torch.autograd.graph.increment_version(S)
         return o, state
     if normalize:
         return o, _trusted_state(buf[..., :Dv], buf[..., Dv], rule, state.feature_map, True)

@@ -149,7 +149,8 @@ def packed_linear_attention(
     normalize = api._resolve_normalize(rule, normalize)
     dtype = api._compute_dtype(q.dtype, state_dtype)
     fmap = resolve_feature_map(feature_map)
-    Dk = api._features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0].shape[-1]  # feature width
+    probe = api._features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0]
+    Dk = probe.shape[-1]  # the feature width
     api._check_gate_and_beta(rule, g, beta, (B, T, HV), Dk, q.device)
     lengths = cu[1:] - cu[:-1]
     N = lengths.numel()
@@ -170,7 +171,8 @@ def packed_linear_attention(
     # A compiled backend runs the packed tokens directly, one state per sequence (no padding, no segments).
     kernels.check_backend(backend)
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tracked)
+    # A callable feature map may carry parameters: its output on one token tells whether autograd is needed.
+    grad = torch.is_grad_enabled() and (probe.requires_grad or any(t is not None and t.requires_grad for t in tracked))
     fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S,
                                     fmap=fmap, scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode,
                                     grad=grad, chunk_size=chunk_size, cu_seqlens=cu)

@@ -129,6 +129,12 @@ def decode_kernel(backend: str):
     return None
 
 
+def _functorch_active() -> bool:
+    """Whether a torch.func transform is running (torch has no public query for it; False where it lacks one)."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active()) if active is not None else False
+
+
 def _resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
     """True when the compiled kernel should run. A forced "cpu" that cannot take the call is an error."""
     if backend == "torch":
@@ -186,7 +192,9 @@ def linear_attention(
     if backend == "triton" or q.is_cuda:
         return None
     refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, False, extra)
-    auto_ok = form in AUTO_FORMS and (not grad or rule in AUTO_BACKWARD_RULES)
+    # The compiled backward is first-order and has no functorch rule: under torch.func transforms (vmap, grad,
+    # jacrev) "auto" keeps the torch forms. Double backward (create_graph) needs backend="torch".
+    auto_ok = form in AUTO_FORMS and (not grad or (rule in AUTO_BACKWARD_RULES and not _functorch_active()))
     if not _resolve(backend, refusal, auto_ok):
         return None
     B, T, Hq, _ = q.shape
@@ -317,4 +325,6 @@ def step(
                     _f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), _f32(beta, (B, 1, H)),
                     state.detach().numpy(), o.numpy().reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
                     clamp=eps_mode == "clamp", normalize=normalize)
+    if inplace:
+        torch.autograd.graph.increment_version(state)  # written through NumPy: autograd must know (see api)
     return o.to(v.dtype), state

@@ -115,8 +115,7 @@ class _TritonChunk(torch.autograd.Function):
         if ctx.rule in DELTA_RULES:
             grads = _load()["_delta_backward"].chunk_delta_backward(
                 *saved, ctx.delta_saved, grad_o, grad_S, scale=ctx.scale
-            )
-            ctx.delta_saved = None
+            )  # (ctx keeps the buffers until the graph is freed: a retain_graph backward can run again)
             return (None, None, None, None, *(gr if n else None for gr, n in zip(grads, need, strict=True)))
         with torch.enable_grad():
             leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
