@@ -27,7 +27,7 @@ from linattn.tools import cli_files
 from linattn.tools.results import atomic_write, atomic_write_json
 
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 262144, 1048576)
-RESULT_NOTES = [
+RESULT_CAVEATS = [
     "bytes are exact integers; human units are binary (KiB = 1024 B)",
     "all_full: every layer keeps the KV cache of the model's full-attention layers; all_linear: every layer keeps"
     " the linear state (+ short-conv buffers when counted); hybrid: the layer plan as given",
@@ -275,7 +275,7 @@ def command(
         raise click.UsageError(str(e)) from None
     click.echo("\n".join([*_describe(report), "", *_table(report)]))
     if output is not None:
-        doc = {"tool": "linattn memory", "linattn_version": __version__, **report, "notes": RESULT_NOTES}
+        doc = {"tool": "linattn memory", "linattn_version": __version__, **report, "notes": RESULT_CAVEATS}
         cli_files.write("--output", atomic_write_json, output, doc, overwrite=overwrite)
     if plot is not None:
         cli_files.write("--plot", lambda p, overwrite: _plot(p, report, overwrite=overwrite), plot,

@@ -1,0 +1,49 @@
+"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread.
+
+    mkdir -p /tmp/linattn-base && git archive 9a62b5c src | tar -x -C /tmp/linattn-base
+    python scripts/prefill_ab.py /tmp/linattn-base/src src
+
+Each process imports one tree, times ``linattn.linear_attention(..., backend="cpu")`` without autograd (median of
+7 calls after two warm-ups) for every rule; three rounds alternate the trees, and the median round is printed.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+
+CHILD = r'''
+import sys, time, json, torch, statistics
+sys.path.insert(0, sys.argv[1])
+import linattn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+B,T,H,D=1,8192,8,64
+q,k,v=(torch.randn(B,T,H,D) for _ in range(3))
+kn=torch.nn.functional.normalize(k,dim=-1)
+g=torch.nn.functional.logsigmoid(torch.randn(B,T,H)); beta=torch.rand(B,T,H)
+cases={"accumulate":dict(k=k,kw=dict(feature_map="elu1")),
+       "gated":dict(k=k,kw=dict(rule="gated",g=g,feature_map="elu1")),
+       "delta":dict(k=kn,kw=dict(rule="delta",beta=beta)),
+       "gated_delta":dict(k=kn,kw=dict(rule="gated_delta",g=g,beta=beta))}
+out={}
+with torch.no_grad():
+    for name,c in cases.items():
+        f=lambda: linattn.linear_attention(q,c["k"],v,backend="cpu",**c["kw"])
+        f(); f()
+        ts=[]
+        for _ in range(7):
+            t0=time.perf_counter(); f(); ts.append((time.perf_counter()-t0)*1e3)
+        out[name]=statistics.median(ts)
+print(json.dumps(out))
+'''
+trees = {"base": sys.argv[1], "this": sys.argv[2]}  # src/ folders
+res = {n: [] for n in trees}
+for _round in range(3):
+    for n, src in trees.items():
+        p = subprocess.run([sys.executable, "-c", CHILD, src], capture_output=True, text=True, check=True)
+        res[n].append(json.loads(p.stdout.strip().splitlines()[-1]))
+for case in res["base"][0]:
+    b = statistics.median(x[case] for x in res["base"])
+    t = statistics.median(x[case] for x in res["this"])
+    print(f"{case:12s} base {b:7.1f} ms  this {t:7.1f} ms  this/base {t/b:.2f}")
