@@ -75,7 +75,7 @@ def test_patch_is_undone():
         assert m.torch_chunk_gated_delta_rule.func is lt.chunk_gated_delta_rule
         assert m.torch_recurrent_gated_delta_rule.func is lt.recurrent_gated_delta_rule
         assert m.torch_chunk_gated_delta_rule.keywords == {"backend": "auto"}
-        assert patch.saved
+        assert patch.active and len(patch.replacements) == 4
     assert m.torch_chunk_gated_delta_rule is before
     with pytest.raises(ValueError, match="models"):
         lt.patch_qwen3_next(models=("llama",))
@@ -162,3 +162,118 @@ def test_rule_with_cu_seqlens_equals_hf_per_sequence():
         o_i, S_i = hf_chunk(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], initial_state=S0[i:i + 1],
                             output_final_state=True, use_qk_l2norm_in_kernel=True)
         assert (o[:, a:b] - o_i).abs().max() <= 1e-5 and (S[i] - S_i[0]).abs().max() <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ packed sequences
+def packed_layer():
+    """Layer 0 of a tiny Qwen3-Next in float64 (conv kernel 4), so that packed and separate runs compare tightly."""
+    return make_model().model.layers[0].linear_attn.double()
+
+
+@pytest.mark.parametrize("lengths", [[5, 7], [1, 9], [3, 1, 2, 6], [2, 0, 1, 8], [12]])
+def test_patched_layer_keeps_packed_sequences_apart(lengths):
+    """Every sequence of a packed call (cu_seq_lens_q) equals that sequence run alone, forward and backward, with
+    lengths 1 and shorter than the convolution kernel among them."""
+    layer = packed_layer()
+    assert layer.conv_kernel_size == 4
+    gen = torch.Generator().manual_seed(sum(lengths) + len(lengths))
+    T = sum(lengths)
+    x = torch.randn(1, T, 48, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(1, T, 48, dtype=torch.float64, generator=gen)  # a loss weight, so every output counts
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    with lt.patch_qwen3_next():
+        y = layer(x, cu_seq_lens_q=cu)
+        grads = torch.autograd.grad((y * w).sum(), [x, *layer.parameters()])
+        parts, loss = [], 0
+        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            if a < b:
+                y_i = layer(x[:, a:b])
+                parts.append(y_i)
+                loss = loss + (y_i * w[:, a:b]).sum()
+        ref_grads = torch.autograd.grad(loss, [x, *layer.parameters()])
+    ref = torch.cat(parts, dim=1)
+    assert (y - ref).abs().max() <= 1e-12 * ref.abs().max()
+    names = ["x"] + [name for name, _ in layer.named_parameters()]
+    for name, grad, ref_grad in zip(names, grads, ref_grads, strict=True):
+        tol = 1e-6 if name == "A_log" else 1e-12  # HF takes A_log.float(): its gradient is float32 rounding
+        assert (grad - ref_grad).abs().max() <= tol * ref_grad.abs().max(), name
+
+
+def test_packed_layer_with_a_cache_continues_like_one_sequence():
+    """With HF's cache the convolution sees the inputs the cache puts before the call: one packed sequence equals the
+    unpacked call, prefill (shorter than the kernel) then a second prefill."""
+    layer = packed_layer()
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 9, 48, dtype=torch.float64, generator=gen)
+    cfg = make_model().config
+    outs = {}
+    with lt.patch_qwen3_next(), torch.no_grad():
+        for packed in (False, True):
+            cache = transformers.DynamicCache(config=cfg)
+            kw = (lambda n: {"cu_seq_lens_q": torch.tensor([0, n])}) if packed else (lambda n: {})
+            outs[packed] = torch.cat([layer(x[:, :2], cache=cache, **kw(2)), layer(x[:, 2:], cache=cache, **kw(7))],
+                                     dim=1)
+    assert (outs[True] - outs[False]).abs().max() <= 1e-12 * outs[False].abs().max()
+
+
+@pytest.mark.parametrize("bad, error, match, name", [
+    (torch.tensor([0, 7, 5, 12]), ValueError, "nondecreasing", "cu_seq_lens_q"),
+    (torch.tensor([0, 5, 13]), ValueError, "end at T = 12", "cu_seq_lens_q"),
+    (torch.tensor([0, 5, 10]), ValueError, "end at T = 12", "cu_seqlens"),  # the rule's name: the convolution
+    (torch.tensor([1, 5, 12]), ValueError, "start at 0", "cu_seq_lens_q"),  # reads 2 inputs before as a cache's
+    (torch.tensor([0.0, 5.0, 12.0]), TypeError, "integer tensor", "cu_seq_lens_q"),
+    ([0, 5, 12], TypeError, "torch.Tensor", "cu_seq_lens_q"),
+])
+def test_patched_layer_refuses_bad_cu_seq_lens(bad, error, match, name):
+    """A bad cu_seq_lens_q is a linattn error naming it (or the rule's own name for it, cu_seqlens), not a traceback
+    from inside torch."""
+    layer = packed_layer()
+    x = torch.randn(1, 12, 48, dtype=torch.float64)
+    with lt.patch_qwen3_next(), pytest.raises(error, match=f"^{name}[: ].*{match}"):
+        layer(x, cu_seq_lens_q=bad)
+    with pytest.raises(error, match=f"^cu_seqlens .*{match}"):  # the rule function on its own names its argument
+        q = torch.randn(1, 12, 2, 8)
+        lt.chunk_gated_delta_rule(q, q, q, -torch.rand(1, 12, 2), torch.rand(1, 12, 2), cu_seqlens=bad)
+
+
+# ------------------------------------------------------------------------------------------------ nested patches
+def test_patches_undo_in_any_order():
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    names = lt._RULE_FUNCTIONS + lt._CONV_FUNCTIONS
+    before = {name: getattr(m, name) for name in names}
+    for order in ((0, 1), (1, 0)):
+        patches = [lt.patch_qwen3_next(backend="torch"), lt.patch_qwen3_next(backend="cpu")]
+        assert m.torch_chunk_gated_delta_rule.keywords == {"backend": "cpu"}  # the latest patch is in force
+        patches[order[0]].undo()
+        survivor = patches[order[1]]
+        assert m.torch_chunk_gated_delta_rule.keywords == {"backend": survivor is patches[0] and "torch" or "cpu"}
+        survivor.undo()
+        assert {name: getattr(m, name) for name in names} == before, order
+        survivor.undo()  # undoing twice does nothing
+        patches[order[0]].undo()
+        assert {name: getattr(m, name) for name in names} == before
+    # The HF fallback inside a patch is HF's own code, not the patch it sits on.
+    with lt.patch_qwen3_next(), lt.use_hf_torch_fallback():
+        assert m.torch_chunk_gated_delta_rule is lt.hf_torch_fallback(before["torch_chunk_gated_delta_rule"])
+        assert m.torch_recurrent_gated_delta_rule is lt.hf_torch_fallback(before["torch_recurrent_gated_delta_rule"])
+    assert {name: getattr(m, name) for name in names} == before
+
+
+def test_packed_convolution_refuses_what_it_cannot_run():
+    """The packed convolution is SiLU without bias on one row; anything else is an error naming what was wrong, and
+    an unpacked call is HF's own."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    hf_conv = lt.hf_torch_fallback(m.causal_conv1d_fn)
+    x, w, cu = torch.randn(1, 6, 10), torch.randn(6, 4), torch.tensor([0, 4, 10])
+    with pytest.raises(ValueError, match="activation='gelu'"):
+        lt.causal_conv1d_fn(x, w, activation="gelu", fallback=hf_conv, cu_seq_lens_q=cu)
+    with pytest.raises(ValueError, match="bias set"):
+        lt.causal_conv1d_fn(x, w, torch.zeros(6), activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
+    with pytest.raises(ValueError, match="cu_seq_lens_q: .*batch size 1"):
+        lt.causal_conv1d_fn(x.expand(2, -1, -1), w, activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
+    assert torch.equal(lt.causal_conv1d_fn(x, w, activation="gelu", fallback=hf_conv), hf_conv(x, w, None, "gelu"))
+    packed = lt.causal_conv1d_fn(x, w, activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
+    alone = torch.cat([hf_conv(x[..., :4], w, None, "silu"), hf_conv(x[..., 4:], w, None, "silu")], dim=-1)
+    assert (packed - alone).abs().max() <= 1e-6 * alone.abs().max()

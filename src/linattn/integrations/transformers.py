@@ -6,7 +6,12 @@ at import, transformers points them at flash-linear-attention's Triton kernels w
 fails on a CPU-only machine: "0 active drivers") and at its own slow torch loops otherwise. The patch points both
 at linattn (chunk form for prefill, :func:`linattn.step` for decode), with the same signature, the same state
 layout ``[B, HV, Dk, Dv]`` (so HF's cache holds linattn's state unchanged) and packed sequences (``cu_seqlens``).
-The short convolution is routed to HF's own torch implementation, which runs everywhere.
+The short convolution runs HF's own torch implementation, which runs everywhere; a packed call
+(``layer(x, cu_seq_lens_q=cu)``) runs :func:`linattn.nn.causal_conv` instead, which restarts the convolution at every
+sequence boundary, so that each packed sequence gives what it gives alone.
+
+Patches nest: each one is in force until undone, the latest on top, and undoing them in any order restores HF's
+functions once the last is gone (undoing one twice does nothing).
 
 ``gated_deltanet_from_qwen3_next(hf_layer)`` builds a :class:`linattn.nn.LinearAttention` with the state dict of an
 HF ``Qwen3NextGatedDeltaNet`` (its fused, per-key-head-interleaved projections split into q/k/v/z/a/b).
@@ -25,7 +30,8 @@ import torch
 
 import linattn
 from linattn import kernels
-from linattn.nn import LinearAttention
+from linattn.nn import LinearAttention, causal_conv
+from linattn.packing import check_cu_seqlens
 from linattn.state import State
 
 # Models whose modeling file defines the same two functions (checked against transformers 5.24).
@@ -94,22 +100,82 @@ def recurrent_gated_delta_rule(
     return o[:, None].to(query.dtype), state.S if output_final_state else None
 
 
-class Patch:
-    """What :func:`patch_qwen3_next` replaced; ``undo()`` (or leaving the ``with`` block) restores it."""
+def causal_conv1d_fn(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    *,
+    fallback,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """HF's ``causal_conv1d_fn`` (depthwise causal convolution, ``hidden_states [B, C, L]``, ``weight [C, K]``) that
+    keeps packed sequences apart: with ``cu_seq_lens_q`` no tap reaches into the previous sequence
+    (:func:`linattn.nn.causal_conv`, SiLU, no bias, as every model in ``MODELS``). Inputs before ``cu_seq_lens_q``'s
+    end (what HF's cache puts in front of the call's own tokens) are the first sequence's past. Without it, the call
+    goes to ``fallback`` (HF's own torch code). Returns ``[B, C, L]`` in ``hidden_states``' dtype."""
+    if cu_seq_lens_q is None:
+        return fallback(hidden_states, weight, bias, activation=activation, **kwargs)
+    B, C, L = hidden_states.shape
+    cu = cu_seq_lens_q
+    readable = isinstance(cu, torch.Tensor) and cu.dim() == 1 and cu.numel() and not (cu.is_meta or cu.is_complex())
+    end = int(cu[-1]) if readable else L
+    try:  # the API's rule, under the name HF passes it by
+        cu = check_cu_seqlens(cu, end if 0 <= end <= L else L, B, hidden_states.device)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"cu_seq_lens_q: {exc}") from None
+    if activation not in ("silu", "swish") or bias is not None:
+        raise ValueError(f"activation={activation!r}, bias {'set' if bias is not None else 'None'}: packed sequences "
+                         "(cu_seq_lens_q) run linattn's short convolution, which is SiLU without bias")
+    if L > int(cu[-1]):  # the cached inputs in front join the first sequence
+        cu = torch.cat([cu[:1], cu[1:] + (L - int(cu[-1]))])
+    y, _ = causal_conv(hidden_states.transpose(1, 2).to(weight.dtype), weight, cu_seqlens=cu)
+    return y.transpose(1, 2).to(hidden_states.dtype)
 
-    def __init__(self, saved: list[tuple[object, str, object]]):
-        self.saved = saved
+
+# The patches in force, per (module, function name): HF's original and a stack of (patch, replacement), latest last.
+_ACTIVE: dict[tuple[object, str], tuple[object, list[tuple[Patch, object]]]] = {}
+
+
+class Patch:
+    """Functions that :func:`patch_qwen3_next` (or :func:`use_hf_torch_fallback`) replaced. ``undo()`` (or leaving
+    the ``with`` block) withdraws this patch's replacements: a function returns to the latest patch still in force,
+    or to HF's original when none is, whatever order patches are undone in. A second ``undo()`` does nothing."""
+
+    def __init__(self, replacements: list[tuple[object, str, object]]):
+        self.replacements = replacements  # (module, name, replacement)
+        self.active = True
+        for module, name, value in replacements:
+            _, stack = _ACTIVE.setdefault((module, name), (getattr(module, name), []))
+            stack.append((self, value))
+            setattr(module, name, value)
 
     def undo(self) -> None:
-        for module, name, original in reversed(self.saved):
-            setattr(module, name, original)
-        self.saved = []
+        if not self.active:
+            return
+        self.active = False
+        for module, name, _ in self.replacements:
+            key = (module, name)
+            if key not in _ACTIVE:  # a repeated entry of this patch already restored it
+                continue
+            base, stack = _ACTIVE[key]
+            stack[:] = [entry for entry in stack if entry[0] is not self]
+            setattr(module, name, stack[-1][1] if stack else base)
+            if not stack:
+                del _ACTIVE[key]
 
     def __enter__(self) -> Patch:
         return self
 
     def __exit__(self, *exc) -> None:
         self.undo()
+
+
+def original(module, name: str):
+    """``module.name`` as transformers left it, beneath any patch in force."""
+    entry = _ACTIVE.get((module, name))
+    return getattr(module, name) if entry is None else entry[0]
 
 
 def _modeling(name: str):
@@ -127,15 +193,11 @@ def _modeling(name: str):
     return module
 
 
-def _set(saved: list, module, name: str, value) -> None:
-    saved.append((module, name, getattr(module, name)))
-    setattr(module, name, value)
-
-
 def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str = "auto") -> Patch:
     """Route the gated delta rule of these transformers models (``MODELS`` lists those known to share it) to
-    linattn, and their short convolution to HF's own torch code. Affects every instance, existing and future;
-    returns a :class:`Patch` (``undo()``, or use it as a context manager). ``backend`` is passed to every linattn
+    linattn, and their short convolution to HF's own torch code (:func:`causal_conv1d_fn`: linattn's for packed
+    sequences). Affects every instance, existing and future; returns a :class:`Patch` (``undo()``, or use it as a
+    context manager; patches nest and may be undone in any order). ``backend`` is passed to every linattn
     call (``"auto"``, ``"torch"``, ``"cpu"``, ``"triton"``; see :func:`linattn.linear_attention`)."""
     kernels.check_backend(backend)
     if not isinstance(models, (tuple, list)) or not all(isinstance(name, str) for name in models):
@@ -143,14 +205,17 @@ def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str 
     for name in models:  # every name checked before anything is patched
         if name not in MODELS:
             raise ValueError(f"models: unknown model {name!r}; expected some of {list(MODELS)}")
-    saved: list = []
+    replacements = []
     for name in models:
         module = _modeling(name)
-        _set(saved, module, _RULE_FUNCTIONS[0], functools.partial(chunk_gated_delta_rule, backend=backend))
-        _set(saved, module, _RULE_FUNCTIONS[1], functools.partial(recurrent_gated_delta_rule, backend=backend))
-        for fn in _CONV_FUNCTIONS:  # a CUDA-only causal_conv1d package would fail on CPU too
-            _set(saved, module, fn, hf_torch_fallback(getattr(module, fn)))
-    return Patch(saved)
+        conv_fn, conv_update = (hf_torch_fallback(original(module, fn)) for fn in _CONV_FUNCTIONS)
+        replacements += [  # a CUDA-only causal_conv1d package would fail on CPU too: HF's torch convolution
+            (module, _RULE_FUNCTIONS[0], functools.partial(chunk_gated_delta_rule, backend=backend)),
+            (module, _RULE_FUNCTIONS[1], functools.partial(recurrent_gated_delta_rule, backend=backend)),
+            (module, _CONV_FUNCTIONS[0], functools.partial(causal_conv1d_fn, fallback=conv_fn)),
+            (module, _CONV_FUNCTIONS[1], conv_update),
+        ]
+    return Patch(replacements)
 
 
 def hf_torch_fallback(fn):
@@ -161,12 +226,9 @@ def hf_torch_fallback(fn):
 def use_hf_torch_fallback(models: tuple[str, ...] = ("qwen3_next",)) -> Patch:
     """Route the same functions to transformers' own torch fallbacks (the slow reference; what HF runs without
     fla), e.g. to compare against. Returns a :class:`Patch`."""
-    saved: list = []
-    for name in models:
-        module = _modeling(name)
-        for fn in _RULE_FUNCTIONS + _CONV_FUNCTIONS:
-            _set(saved, module, fn, hf_torch_fallback(getattr(module, fn)))
-    return Patch(saved)
+    modules = [_modeling(name) for name in models]
+    return Patch([(module, fn, hf_torch_fallback(original(module, fn)))
+                  for module in modules for fn in _RULE_FUNCTIONS + _CONV_FUNCTIONS])
 
 
 # ------------------------------------------------------------------------------------------------ weights
