@@ -11,7 +11,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from linattn.tools import bench, bench_plan, bench_report, bench_workload, results
+from linattn.tools.bench import cli as bench
+from linattn.tools.bench import plan as bench_plan
+from linattn.tools.bench import report as bench_report
+from linattn.tools.bench import workload as bench_workload
+from linattn.tools.harness import results
 
 TINY = ["--sequence-lengths", "4,8", "--query-heads", "2", "--head-dim", "4", "--warmup", "1", "--repeats", "3"]
 

@@ -281,8 +281,8 @@ def test_sp_bench_smoke(tmp_path):
     """The tool end to end on tiny shapes: bytes flat in T and within headers of the formula, result valid."""
     from click.testing import CliRunner
 
-    from linattn.tools import sp_bench
-    from linattn.tools.results import read_result
+    from linattn.tools.harness.results import read_result
+    from linattn.tools.sp import bench as sp_bench
 
     out = tmp_path / "sp.json"
     args = ["--ranks", "2", "--lengths", "64,256", "--rules", "gated,delta", "--heads", "1", "--dim", "8",

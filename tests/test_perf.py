@@ -9,9 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from linattn.tools import perf
-from linattn.tools import perf_peers as pp
-from linattn.tools.results import load_schema, validate
+from linattn.tools.harness.results import load_schema, validate
+from linattn.tools.perf import cpu as perf
+from linattn.tools.perf import peers as pp
 
 
 def _recurrent_as_peer(fn, inp: pp.Inputs) -> torch.Tensor:

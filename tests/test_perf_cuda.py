@@ -11,11 +11,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from linattn.tools import perf
-from linattn.tools import perf_cuda as pc
-from linattn.tools import perf_peers as pp
-from linattn.tools.perf_cuda_report import attach_ratios, render_markdown
-from linattn.tools.results import load_schema, validate
+from linattn.tools.harness.results import load_schema, validate
+from linattn.tools.perf import cpu as perf
+from linattn.tools.perf import cuda as pc
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf.cuda_report import attach_ratios, render_markdown
 
 FLA_SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 

@@ -23,9 +23,12 @@ import linattn
 from linattn import kernels
 from linattn.kernels import cpu_decode
 from linattn.ops import accumulate, delta, gated, gated_delta
-from linattn.tools import bench, bench_plan, bench_report, perf
-from linattn.tools import perf_peers as pp
 from linattn.tools import stability as st
+from linattn.tools.bench import cli as bench
+from linattn.tools.bench import plan as bench_plan
+from linattn.tools.bench import report as bench_report
+from linattn.tools.perf import cpu as perf
+from linattn.tools.perf import peers as pp
 
 RULE_MODULES = {"accumulate": accumulate, "gated": gated, "delta": delta, "gated_delta": gated_delta}
 

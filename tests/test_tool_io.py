@@ -18,8 +18,12 @@ from click.testing import CliRunner
 
 from linattn import jsonfile
 from linattn.cli import main as cli_main
-from linattn.tools import bench, cli_files, perf, recall, results, stability
 from linattn.tools import memory as memory_tool
+from linattn.tools import recall, stability
+from linattn.tools.bench import cli as bench
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness import results
+from linattn.tools.perf import cpu as perf
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -150,7 +154,7 @@ def test_a_file_that_appears_during_the_run_gets_the_same_clean_message(tmp_path
 def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
-        from linattn.tools import results
+        from linattn.tools.harness import results
         def slow(tmp):
             tmp.write_text("half a fi")
             print("writing", flush=True)
@@ -289,7 +293,7 @@ def test_write_prints_the_absolute_path(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ what the tools say
 def test_perf_warns_about_missing_peers_before_measuring(monkeypatch):
-    from linattn.tools import perf_peers as pp
+    from linattn.tools.perf import peers as pp
 
     fake = pp.Peer("fla.nothing_here", "linattn_no_such_module", "f", "accumulate", "chunk",
                    lambda fn, inp: fn(inp), "flash-linear-attention")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from linattn.explainer import LANGS, build_page, lab_source
-from linattn.tools.results import atomic_write
+from linattn.tools.harness.results import atomic_write
 
 
 def _write_text(path: Path, text: str, overwrite: bool) -> Path:

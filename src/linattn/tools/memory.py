@@ -23,8 +23,8 @@ from linattn.memory import (
     memory_report,
     plan_from_shapes,
 )
-from linattn.tools import cli_files
-from linattn.tools.results import atomic_write, atomic_write_json
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.results import atomic_write, atomic_write_json
 
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 262144, 1048576)
 RESULT_CAVEATS = [

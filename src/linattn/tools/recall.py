@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import linattn
-from linattn.tools import cli_files
-from linattn.tools.results import atomic_write, atomic_write_json, validate
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.results import atomic_write, atomic_write_json, validate
 
 KEY_KINDS = ("orthogonal", "random", "near_duplicate")
 DEFAULT_ALPHAS = (0.9, 0.99, 0.999)

@@ -35,8 +35,8 @@ import linattn
 from linattn import State, reference
 from linattn.api import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
 from linattn.feature_maps import resolve_feature_map
-from linattn.tools import cli_files
-from linattn.tools.results import atomic_write, atomic_write_json, validate
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.results import atomic_write, atomic_write_json, validate
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_RULES = RULES

@@ -4,7 +4,7 @@ Times linattn's ``chunk`` forward and forward+backward for five variants (accumu
 channel, delta, gated delta), its ``recurrent`` form and its decode ``step``, next to flash-linear-attention's and
 HF transformers' pure-torch functions (when installed) and causal ``scaled_dot_product_attention``, and next to the
 float32 matmul rate and copy bandwidth measured in the same run. Writes JSON and a Markdown table and evaluates
-the targets of issue 5 (judged and rendered in :mod:`linattn.tools.perf_report`). Counts: docs/perf.md.
+the targets of issue 5 (judged and rendered in :mod:`linattn.tools.perf.report`). Counts: docs/perf.md.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import torch
 from tqdm import tqdm
 
 import linattn
-from linattn.tools import cli_files
-from linattn.tools import perf_peers as pp
-from linattn.tools.perf_report import attach_ratios, evaluate_targets, render_markdown
-from linattn.tools.profiling import BusyMeter, cpu_peak_bytes
-from linattn.tools.results import atomic_write, write_result
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.machine import BusyMeter, cpu_peak_bytes
+from linattn.tools.harness.results import atomic_write, write_result
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf.report import attach_ratios, evaluate_targets, render_markdown
 
 SCHEMA = "linattn.perf/1"
 CPU_IMPL = "linattn.cpu"  # impl name of the compiled CPU kernels (backend="cpu"); "linattn" is the torch form
@@ -236,7 +236,7 @@ def _measure(fn: Callable[[], object], repeats: int, min_sample_s: float, budget
 
 def peak_bytes(fn: Callable[[], object]) -> int:
     """Peak bytes held by torch's CPU allocator during one call, above what was live before it (inputs excluded,
-    outputs and autograd buffers included); see linattn.tools.profiling."""
+    outputs and autograd buffers included); see linattn.tools.harness.machine."""
     return cpu_peak_bytes(fn) or 0
 
 
@@ -420,7 +420,7 @@ def peer_warning(cases: list[Case]) -> str | None:
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--markdown files.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: linattn's Triton chunk kernels against flash-linear-attention's Triton kernels and SDPA "
-                   "on the GPU (linattn.tools.perf_cuda).")
+                   "on the GPU (linattn.tools.perf.cuda).")
 @click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Cases not started within this many seconds are skipped (default 540 on cpu, 200 on cuda).")
 def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memory, list_only, overwrite, device,
@@ -462,8 +462,8 @@ def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memo
 
 def _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s) -> None:
     """``--device cuda``: plan (``--list`` needs no GPU), refuse clearly without one, measure, write."""
-    from linattn.tools import perf_cuda as pc
-    from linattn.tools.perf_cuda_report import render_markdown
+    from linattn.tools.perf import cuda as pc
+    from linattn.tools.perf.cuda_report import render_markdown
 
     cfg = pc.QUICK if quick else pc.FULL
     changes = {k: v for k, v in (("repeats", repeats), ("max_call_s", max_call_s), ("budget_s", budget_s))

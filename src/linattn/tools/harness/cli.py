@@ -2,7 +2,7 @@
 messages (never a traceback), written paths printed in full.
 
 Every tool calls :func:`check_outputs` before measuring anything and :func:`write` for each file at the end; the
-rules behind both live in :mod:`linattn.tools.results` (``check_writable``, ``atomic_write``).
+rules behind both live in :mod:`linattn.tools.harness.results` (``check_writable``, ``atomic_write``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from linattn.tools import results
+from linattn.tools.harness import results
 
 
 def check_outputs(overwrite: bool, outputs: dict[str, str | os.PathLike | None]) -> None:

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn.tools import perf_peers as pp
-from linattn.tools.perf import _versions, rule_flops, sdpa_flops, select
-from linattn.tools.perf_cuda_report import LINATTN, SDPA, attach_ratios
+from linattn.tools.perf.cpu import _versions, rule_flops, sdpa_flops, select
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf.cuda_report import LINATTN, SDPA, attach_ratios
 
 SCHEMA = "linattn.perf_cuda/1"
 FLA = {"accumulate": "fla.chunk_linear_attn", "gated_head": "fla.chunk_simple_gla", "gated_channel": "fla.chunk_gla",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from linattn.tools import perf_peers as pp
+from linattn.tools.perf import peers as pp
 
 if TYPE_CHECKING:
-    from linattn.tools.perf import PerfConfig
+    from linattn.tools.perf.cpu import PerfConfig
 
 GROUPS = ("fwd", "fwdbwd", "recurrent", "decode")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from linattn.tools import results
-from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, FEATURES, Plan, normalizes
-from linattn.tools.bench_workload import PEAK_MEMORY_METHOD, TIMING_METHOD, TRANSIENT_UNAVAILABLE
-from linattn.tools.profiling import busy_reason
+from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, FEATURES, Plan, normalizes
+from linattn.tools.bench.workload import PEAK_MEMORY_METHOD, TIMING_METHOD, TRANSIENT_UNAVAILABLE
+from linattn.tools.harness import results
+from linattn.tools.harness.machine import busy_reason
 
 SCHEMA = "bench_result"
 SCHEMA_VERSION = 2  # 2 adds ``contention`` and evidence level "disturbed"; files of version 1 stay readable

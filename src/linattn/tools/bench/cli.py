@@ -2,9 +2,9 @@
 
 This module is the command line and the run itself; the parts live next to it:
 
-* :mod:`linattn.tools.bench_plan`: the run's parameters (:class:`Plan`), byte counts, dry-run checks, hardware;
-* :mod:`linattn.tools.bench_workload`: token stream, the two decode paths, timing, memory, float64 check;
-* :mod:`linattn.tools.bench_report`: result document, decision, table and plot.
+* :mod:`linattn.tools.bench.plan`: the run's parameters (:class:`Plan`), byte counts, dry-run checks, hardware;
+* :mod:`linattn.tools.bench.workload`: token stream, the two decode paths, timing, memory, float64 check;
+* :mod:`linattn.tools.bench.report`: result document, decision, table and plot.
 
 ``linattn bench`` measures and writes a result file; ``linattn bench show FILE...`` prints saved results side
 by side and can plot them. docs/bench.md explains what is measured and how.
@@ -23,11 +23,15 @@ import click
 import torch
 
 import linattn
-from linattn.tools import bench_plan as bp
-from linattn.tools import bench_report, bench_workload, cli_files, profiling, results
-from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, DTYPES, Plan
-from linattn.tools.bench_report import SCHEMA, format_table, plot_results
-from linattn.tools.profiling import BusyMeter
+from linattn.tools.bench import plan as bp
+from linattn.tools.bench import report as bench_report
+from linattn.tools.bench import workload as bench_workload
+from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, DTYPES, Plan
+from linattn.tools.bench.report import SCHEMA, format_table, plot_results
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness import machine as profiling
+from linattn.tools.harness import results
+from linattn.tools.harness.machine import BusyMeter
 
 # On machines with at most this many cores the CPU run uses one torch thread unless --threads says otherwise.
 SMALL_MACHINE_CORES = 4

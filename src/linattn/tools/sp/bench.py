@@ -26,7 +26,7 @@ import click
 import torch
 
 import linattn
-from linattn.tools.results import atomic_write, refuse_existing, write_result
+from linattn.tools.harness.results import atomic_write, refuse_existing, write_result
 
 SCHEMA = "sp_bench"
 MODEL_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)

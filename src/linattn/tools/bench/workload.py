@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, DTYPES, FEATURES, MIB, Plan, rule_extras
-from linattn.tools.profiling import cpu_peak_bytes
+from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, DTYPES, FEATURES, MIB, Plan, rule_extras
+from linattn.tools.harness.machine import cpu_peak_bytes
 
 # Absolute tolerance on the state path's output (values of size ~1) against float64, set by the coarsest dtype
 # in play: inputs and the feature map run in --dtype, the recurrence in --state-dtype.
