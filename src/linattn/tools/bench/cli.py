@@ -6,6 +6,8 @@ This module is the command line and the run itself; the parts live next to it:
 * :mod:`linattn.tools.bench.workload`: token stream, the two decode paths, timing, memory, float64 check;
 * :mod:`linattn.tools.bench.report`: result document, decision, table and plot.
 
+Unlike the other tools, ``linattn bench`` always writes its result file (a run is evidence); ``-o`` picks the name.
+
 ``linattn bench`` measures and writes a result file; ``linattn bench show FILE...`` prints saved results side
 by side and can plot them. docs/bench.md explains what is measured and how.
 """
@@ -29,8 +31,7 @@ from linattn.tools.bench import workload as bench_workload
 from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, DTYPES, Plan
 from linattn.tools.bench.report import SCHEMA, format_table, plot_results
 from linattn.tools.harness import cli as cli_files
-from linattn.tools.harness import machine as profiling
-from linattn.tools.harness import results
+from linattn.tools.harness import machine, results
 from linattn.tools.harness.machine import BusyMeter
 
 # On machines with at most this many cores the CPU run uses one torch thread unless --threads says otherwise.
@@ -153,7 +154,7 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
         raise click.UsageError(str(exc)) from None
 
 
-@click.group(invoke_without_command=True, context_settings={"show_default": True})
+@click.group(invoke_without_command=True, context_settings=cli_files.CONTEXT)
 @click.option(
     "--sequence-lengths",
     default="512,2048,8192",
@@ -197,21 +198,17 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
     callback=_label_option,
     help="Names the result file; default <device>-<UTC time>, e.g. cpu-20250101T120000Z.",
 )
-@click.option(
-    "--output",
-    default=None,
-    type=cli_files.FILE,
-    help="Result file; default benchmarks/results/<workload-id>_<run-label>.json under the current folder.",
+@cli_files.output_option(
+    help="Result file (bench always writes one).", show_default="benchmarks/results/<workload-id>_<run-label>.json "
+    "under the current folder",
 )
 @click.option("--semantic-id", default="ARCH-RECURRENT-STATE-MECHANISM", callback=_label_option)
 @click.option("--workload-id", default="arch-linear-recurrence-v2", callback=_label_option)
 @click.option("--profile-id", default=None, callback=_label_option, help="Default <device>-<dtype>.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing result file (and plot).")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@cli_files.overwrite_option()
+@cli_files.no_progress_option()
 @click.option("--dry-run", is_flag=True, help="Check the device, dtypes and memory and print the plan; write nothing.")
-@click.option(
-    "--plot", default=None, type=cli_files.FILE, help="Also draw the result to this PNG."
-)
+@cli_files.plot_option(help="Also draw the result to this PNG.")
 @click.pass_context
 def command(ctx: click.Context, **opts: Any) -> None:
     """Decode step: explicit KV history vs fixed recurrent state, measured, recorded, plotted.
@@ -257,8 +254,8 @@ def command(ctx: click.Context, **opts: Any) -> None:
         "created_utc": f"{now:%Y-%m-%dT%H:%M:%SZ}",
         "linattn_version": linattn.__version__,
     }
-    others_before = profiling.others_busy_now()
-    early = profiling.busy_reason(others_before, os.cpu_count(), torch.get_num_threads())
+    others_before = machine.others_busy_now()
+    early = machine.busy_reason(others_before, os.cpu_count(), torch.get_num_threads())
     if early:
         click.echo(f"warning: the machine is busy ({early}); timings may not be representative", err=True)
     doc = run(
@@ -267,7 +264,7 @@ def command(ctx: click.Context, **opts: Any) -> None:
         progress=not opts["no_progress"],
         threads_source=threads_source,
         others_before=others_before,
-        loadavg_before=profiling.load_info()["loadavg"],
+        loadavg_before=machine.load_info()["loadavg"],
     )
     click.echo(format_table([doc]))
     cli_files.write(
@@ -284,15 +281,10 @@ def command(ctx: click.Context, **opts: Any) -> None:
         ctx.exit(1)
 
 
-@command.command("show")
+@command.command("show", context_settings=cli_files.CONTEXT)
 @click.argument("files", nargs=-1, required=True, type=cli_files.FILE)
-@click.option(
-    "--plot",
-    default=None,
-    type=cli_files.FILE,
-    help="Draw state bytes and step time against L (log-log) to this PNG.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace an existing plot file.")
+@cli_files.plot_option(help="Draw state bytes and step time against L (log-log) to this PNG.")
+@cli_files.overwrite_option()
 def show(files: tuple[Path, ...], plot: Path | None, overwrite: bool) -> None:
     """Print saved result files side by side; optionally plot them."""
     cli_files.check_outputs(overwrite, {"--plot": plot})

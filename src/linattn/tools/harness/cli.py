@@ -1,8 +1,12 @@
-"""Output files of the command-line tools: checked before a run, written atomically after it, errors as click
-messages (never a traceback), written paths printed in full.
+"""The tools' command-line convention and their output files.
 
-Every tool calls :func:`check_outputs` before measuring anything and :func:`write` for each file at the end; the
-rules behind both live in :mod:`linattn.tools.harness.results` (``check_writable``, ``atomic_write``).
+Options every tool spells the same way where it applies: ``-o/--output``, ``--plot``, ``--overwrite``, ``--quick``,
+``--threads``, ``--no-progress``; every command shows its defaults in ``--help`` (:data:`CONTEXT`). A tool writes
+a file only where a flag asks for one, and an existing file is refused with one line unless ``--overwrite``.
+
+Outputs are checked before a run (:func:`check_outputs`), written atomically after it (:func:`write`), errors are
+click messages (never a traceback), written paths are printed in full. The rules behind both live in
+:mod:`linattn.tools.harness.results` (``check_writable``, ``atomic_write``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from typing import Any
 import click
 
 from linattn.tools.harness import results
+
+# Every tool's click context: defaults shown in --help.
+CONTEXT = {"show_default": True}
 
 
 def check_outputs(overwrite: bool, outputs: dict[str, str | os.PathLike | None]) -> None:
@@ -67,3 +74,44 @@ class FilePath(click.ParamType):
 
 
 FILE = FilePath()
+
+
+# ------------------------------------------------------------------------------------------ shared options
+def output_option(help: str = "Write the JSON result here.", **kwargs: Any) -> Callable:
+    """``-o/--output FILE`` (default: nothing written unless the tool documents otherwise)."""
+    return click.option("-o", "--output", "output", type=FILE, default=None, help=help, **kwargs)
+
+
+def plot_option(help: str = "Draw the result to this PNG.") -> Callable:
+    return click.option("--plot", "plot", type=FILE, default=None, help=help)
+
+
+def overwrite_option(help: str = "Replace existing output files (otherwise they are refused).") -> Callable:
+    return click.option("--overwrite", is_flag=True, help=help)
+
+
+QUICK_HELP = "Tiny configuration that checks the tool in seconds; its numbers mean nothing."
+
+
+def quick_option(help: str = QUICK_HELP) -> Callable:
+    return click.option("--quick", is_flag=True, help=help)
+
+
+def no_progress_option() -> Callable:
+    return click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+
+
+def threads_option(help: str = "torch.set_num_threads for the run (default: torch's own choice).") -> Callable:
+    return click.option("--threads", type=click.IntRange(min=1), default=None, help=help)
+
+
+def apply_threads(ctx: click.Context, threads: int | None) -> int:
+    """Set torch's thread count for this command (restored when it ends, for callers in the same process);
+    returns the count in effect."""
+    import torch
+
+    if threads is not None:
+        before = torch.get_num_threads()
+        ctx.call_on_close(lambda: torch.set_num_threads(before))
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

@@ -1,54 +1,19 @@
-"""Shared by the benchmarks: CPU peak memory (torch's allocator events, via torch.profiler) and how busy the rest
-of the machine kept the CPU while a run measured (``/proc/stat`` minus this process's own CPU time)."""
+"""The machine a run measured on, described once for every tool: processor name, cores and threads, load
+average, versions, the float32 matmul rate and copy bandwidth measured in the same run, and how busy the rest of
+the machine kept the CPU while the run measured (``/proc/stat`` minus this process's own CPU time)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import resource
-import sys
 import time
-from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-
-@contextlib.contextmanager
-def quiet_fd2():
-    """Silence file descriptor 2: torch's profiler backend prints start/stop lines there from C++, which would
-    break the progress bars."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def cpu_peak_bytes(fn: Callable[[], object], calls: int = 1) -> int | None:
-    """Peak bytes held by torch's CPU allocator over ``calls`` calls of ``fn``, above what was live before
-    (inputs excluded; outputs, temporaries and autograd buffers included): the highest running sum of the
-    profiler's allocation and free events in time order. ``None`` if this torch exposes no such events."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with quiet_fd2(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for _ in range(calls):
-            out = fn()
-            del out
-    try:
-        events = prof.profiler.kineto_results.events()
-    except AttributeError:
-        return None
-    live = peak = 0
-    # sorted() is stable: events with equal timestamps keep their recorded order
-    for _, nbytes in sorted(((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"), key=lambda d: d[0]):
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
+from linattn.tools.harness.timer import time_call
 
 # ------------------------------------------------------------------------------------------------ contention
 # A run is "disturbed" when other processes kept more than this share of the cores busy on average while it
@@ -108,3 +73,77 @@ def load_info() -> dict[str, Any]:
     except OSError:
         load = None
     return {"loadavg": load, "cores": os.cpu_count()}
+
+
+# ------------------------------------------------------------------------------------------------ identity
+DISTRIBUTIONS = ("torch", "linattn", "numpy", "numba", "flash-linear-attention", "fla-core", "transformers", "triton")
+
+
+def processor_name() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what ``platform`` knows, else "unknown"."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: str) -> str:
+    """The CUDA device's name on "cuda" (when present), else the processor's."""
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    return processor_name()
+
+
+def versions(dists: tuple[str, ...] = DISTRIBUTIONS) -> dict[str, str | None]:
+    """Installed version of each distribution, None where absent."""
+    out: dict[str, str | None] = {}
+    for dist in dists:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def describe() -> dict[str, Any]:
+    """Processor, cores, torch threads, load average (1, 5, 15 min), Python, platform and versions."""
+    import torch
+
+    return {"processor": processor_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "loadavg": load_info()["loadavg"], "python": platform.python_version(), "platform": platform.platform(),
+            "versions": versions()}
+
+
+# ------------------------------------------------------------------------------------------------ rates
+def matmul_rate(n: int = 2048, *, dtype: str = "float32", device: str = "cpu", repeats: int = 5,
+                min_sample_s: float = 0.02, budget_s: float = 10.0) -> dict[str, Any]:
+    """The machine's n x n x n matmul rate right now (median of the samples): ``{"n", "dtype", "median_ms",
+    "gflops"}``. The yardstick for compute-bound kernels measured in the same run."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    a, b = torch.randn(n, n, device=device).to(dt), torch.randn(n, n, device=device).to(dt)
+    c = torch.empty(n, n, device=device, dtype=dt)
+    t = time_call(lambda: torch.mm(a, b, out=c), repeats=repeats, min_sample_s=min_sample_s, budget_s=budget_s,
+                  device=device)
+    return {"n": n, "dtype": dtype, "median_ms": t.median_s * 1e3, "gflops": 2 * n**3 / t.median_s / 1e9}
+
+
+def copy_bandwidth(numel: int = 1 << 26, *, dtype: str = "float32", device: str = "cpu", repeats: int = 5,
+                   min_sample_s: float = 0.02, budget_s: float = 10.0) -> dict[str, Any]:
+    """Bytes read plus bytes written per second by ``dst.copy_(src)`` of ``numel`` elements (median):
+    ``{"bytes_per_side", "median_ms", "gbps"}``. The yardstick for memory-bound kernels (a small size may sit in
+    cache and read far above the memory's rate)."""
+    import torch
+
+    src = torch.ones(numel, device=device, dtype=getattr(torch, dtype))
+    dst = torch.empty_like(src)
+    t = time_call(lambda: dst.copy_(src), repeats=repeats, min_sample_s=min_sample_s, budget_s=budget_s,
+                  device=device)
+    side = src.numel() * src.element_size()
+    return {"bytes_per_side": side, "median_ms": t.median_s * 1e3, "gbps": 2 * side / t.median_s / 1e9}

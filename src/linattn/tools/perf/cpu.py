@@ -1,117 +1,47 @@
-"""``linattn perf``: CPU kernel benchmark, linattn against its peers and the machine's own rates, in one run.
+"""``linattn perf`` on the CPU: linattn's kernels against their peers and the machine's own rates, in one run.
 
 Times linattn's ``chunk`` forward and forward+backward for five variants (accumulate, gated per head, gated per
 channel, delta, gated delta), its ``recurrent`` form and its decode ``step``, next to flash-linear-attention's and
-HF transformers' pure-torch functions (when installed) and causal ``scaled_dot_product_attention``, and next to the
-float32 matmul rate and copy bandwidth measured in the same run. Writes JSON and a Markdown table and evaluates
-the targets of issue 5 (judged and rendered in :mod:`linattn.tools.perf.report`). Counts: docs/perf.md.
+HF transformers' pure-torch functions (when installed) and causal ``scaled_dot_product_attention``. Each thread
+count is one pass: the float32 matmul rate and the copy bandwidth are measured again at that count, and every
+case is reported as a fraction of both; a case run at two thread counts gets its thread-scaling ratio. Judged and
+rendered in :mod:`linattn.tools.perf.report`; counts in :mod:`linattn.tools.perf.work` (docs/perf.md).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import gc
-import math
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-import click
 import torch
 from tqdm import tqdm
 
 import linattn
-from linattn.tools.harness import cli as cli_files
-from linattn.tools.harness.machine import BusyMeter, cpu_peak_bytes
-from linattn.tools.harness.results import atomic_write, write_result
+from linattn.tools.harness import machine
+from linattn.tools.harness.peak import cpu_peak_bytes
+from linattn.tools.harness.timer import time_call
 from linattn.tools.perf import peers as pp
-from linattn.tools.perf.report import attach_ratios, evaluate_targets, render_markdown
-
-SCHEMA = "linattn.perf/1"
-CPU_IMPL = "linattn.cpu"  # impl name of the compiled CPU kernels (backend="cpu"); "linattn" is the torch form
-CHUNK_FLOPS = 64  # the chunk length written into the fixed FLOP counts, whatever chunk size a kernel uses
-
-
-@dataclass(frozen=True)
-class PerfConfig:
-    """What one run measures. ``target``/``long`` are the (B, T) shapes the issue's targets are judged at."""
-
-    H: int = 8
-    D: int = 64
-    seq_shapes: tuple[tuple[int, int], ...] = ((1, 2048), (1, 8192), (1, 32768), (8, 2048))
-    recurrent_shapes: tuple[tuple[int, int], ...] = ((1, 2048),)  # token loops: T=2048 only, they are slow
-    decode_batches: tuple[int, ...] = (1, 64)
-    target: tuple[int, int] = (1, 8192)
-    long: tuple[int, int] = (1, 32768)
-    repeats: int = 5
-    min_sample_s: float = 0.02  # a sample repeats a fast call until it lasts this long (timer resolution, noise)
-    case_budget_s: float = 3.0  # slow cases take fewer samples (at least one) to stay within this
-    max_call_s: float = 8.0  # skip a case whose time projected from a shorter T exceeds this per call
-    budget_s: float = 540.0  # cases not started within this many seconds are skipped (the run stays < 10 min)
-    matmul_n: int = 2048
-    copy_numel: int = 1 << 26  # 256 MiB float32 per side
-    memory: bool = True
-    quick: bool = False
-
-
-FULL = PerfConfig()
-QUICK = PerfConfig(
-    H=2, D=16, seq_shapes=((1, 128), (1, 512), (2, 128)), recurrent_shapes=((1, 128),), decode_batches=(1, 4),
-    target=(1, 128), long=(1, 512), repeats=2, min_sample_s=0.002, case_budget_s=0.5, max_call_s=2.0, budget_s=120.0,
-    matmul_n=256, copy_numel=1 << 20, quick=True,
+from linattn.tools.perf.report import attach_ratios, evaluate_targets, scaling_targets, thread_scaling
+from linattn.tools.perf.work import (
+    CPU_IMPL,
+    FULL,
+    PerfConfig,
+    decode_bytes,
+    decode_flops,
+    rule_flops,
+    sdpa_flops,
+    select,
+    seq_bytes,
 )
 
-
-# --- fixed work counts (docs/perf.md) ----------------------------------------------------------------------------
-
-
-def rule_flops(variant: str, B: int, T: int, H: int, Dk: int, Dv: int, *, backward: bool = False) -> int:
-    """One fixed FLOP count per rule, the same for every form and every implementation of it.
-
-    accumulate and gated (gates are elementwise, not counted): ``B*T*H*(4*Dk*Dv + 2*64*(Dk+Dv))`` — per token the
-    state read and write (2*Dk*Dv each) plus the intra-chunk scores and their product with V over 64 tokens.
-    delta and gated delta: ``B*T*H*(6*Dk*Dv + 2*64*(3*Dk + 2*Dv))`` — the state is also read to predict v
-    (W S), and the chunk builds K K^T and applies the WY transform to K and V (the 64x64 inverse is not counted).
-    Forward+backward counts three times the forward.
-    """
-    if variant not in pp.VARIANTS:
-        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(pp.VARIANTS)}")
-    C = CHUNK_FLOPS
-    if pp.RULE_OF[variant] in ("delta", "gated_delta"):
-        per_token = 6 * Dk * Dv + 2 * C * (3 * Dk + 2 * Dv)
-    else:
-        per_token = 4 * Dk * Dv + 2 * C * (Dk + Dv)
-    return B * T * H * per_token * (3 if backward else 1)
-
-
-def sdpa_flops(B: int, T: int, H: int, D: int, *, backward: bool = False) -> int:
-    """Causal softmax attention: Q K^T and P V over the lower triangle, ``2*B*H*T*T*D`` (x3 with backward)."""
-    return 2 * B * H * T * T * D * (3 if backward else 1)
-
-
-def decode_flops(variant: str, B: int, H: int, Dk: int, Dv: int) -> int:
-    """One decode step: write and read the state (4*Dk*Dv), plus the prediction S^T k for the delta rules."""
-    per_head = (6 if pp.RULE_OF[variant] in ("delta", "gated_delta") else 4) * Dk * Dv
-    return B * H * per_head
-
-
-def decode_bytes(variant: str, B: int, H: int, Dk: int, Dv: int, elem: int = 4) -> int:
-    """Bytes one decode step must move at least: the state read once and written once (S, plus z as one more
-    value column when normalized), and the token's q, k, v, o, gate and beta."""
-    rule = pp.RULE_OF[variant]
-    state = B * H * Dk * (Dv + (1 if rule in ("accumulate", "gated") else 0))
-    token = B * H * (2 * Dk + 2 * Dv)
-    extra = {"gated_channel": B * H * Dk, "gated_head": B * H, "gated_delta": 2 * B * H, "delta": B * H}
-    token += extra.get(variant, 0)
-    return (2 * state + token) * elem
+SCHEMA = "linattn.perf/2"
 
 
 # --- cases ---------------------------------------------------------------------------------------------------------
@@ -184,7 +114,8 @@ def build_cases(cfg: PerfConfig, peers: tuple[pp.Peer, ...] | None = None) -> li
             impls += [(p.name, _lazy(p), p) for p in peers if p.form == form and p.variant == variant]
             for impl, fn, peer in impls:
                 cases.append(Case(f"{group}/{variant}/{impl}/B{B}_T{T}", group, variant, impl, B, T,
-                                  _seq_call(fn, variant, B, T, H, D, backward), fl, peer=peer))
+                                  _seq_call(fn, variant, B, T, H, D, backward), fl,
+                                  bytes_moved=seq_bytes(variant, B, T, H, D, D, backward=backward), peer=peer))
 
     for B, T in cfg.recurrent_shapes:
         sequence_cases("recurrent", "recurrent", B, T, False)
@@ -193,7 +124,8 @@ def build_cases(cfg: PerfConfig, peers: tuple[pp.Peer, ...] | None = None) -> li
             sequence_cases(group, "chunk", B, T, backward)
             cases.append(Case(f"{group}/softmax/torch.sdpa/B{B}_T{T}", group, "softmax", "torch.sdpa", B, T,
                               _seq_call(pp.sdpa, "softmax", B, T, H, D, backward),
-                              sdpa_flops(B, T, H, D, backward=backward), exponent=2))
+                              sdpa_flops(B, T, H, D, backward=backward),
+                              bytes_moved=seq_bytes("softmax", B, T, H, D, D, backward=backward), exponent=2))
     return cases
 
 
@@ -202,62 +134,28 @@ def _lazy(peer: pp.Peer) -> Callable[[pp.Inputs], torch.Tensor]:
     return lambda inp: peer.load()(inp)
 
 
-def select(cases: list[Case], only: tuple[str, ...]) -> list[Case]:
-    """Cases whose name matches any pattern (fnmatch; a pattern without wildcards matches as a substring)."""
-    if not only:
-        return cases
-    pats = [p if any(c in p for c in "*?[") else f"*{p}*" for p in only]
-    chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
-    if not chosen:
-        raise ValueError(f"only: no case matches {list(only)}; names look like {cases[0].name!r} (see --list)")
-    return chosen
-
-
 # --- measurement ---------------------------------------------------------------------------------------------------
 
 
 def _measure(fn: Callable[[], object], repeats: int, min_sample_s: float, budget_s: float) -> dict[str, Any]:
-    """Median seconds per call. The first call warms up (and sizes the samples); fast calls are repeated inside a
-    sample so that one sample lasts ``min_sample_s``; slow calls get fewer samples, at least one."""
-    t0 = time.perf_counter()
-    fn()
-    warm = time.perf_counter() - t0
-    inner = max(1, math.ceil(min_sample_s / max(warm, 1e-7)))
-    n = max(1, min(repeats, int(budget_s // max(warm * inner, 1e-9))))
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - t0) / inner)
-    return {"median_s": statistics.median(samples), "min_s": min(samples), "samples": n, "calls_per_sample": inner,
-            "warmup_s": warm}
+    """Median seconds per call through the harness timer: the first call warms up and sizes the samples."""
+    t = time_call(fn, repeats=repeats, min_sample_s=min_sample_s, budget_s=budget_s)
+    return {"median_s": t.median_s, "min_s": t.min_s, "samples": len(t.samples_s),
+            "calls_per_sample": t.calls_per_sample, "warmup_s": t.first_call_s}
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:
     """Peak bytes held by torch's CPU allocator during one call, above what was live before it (inputs excluded,
-    outputs and autograd buffers included); see linattn.tools.harness.machine."""
+    outputs and autograd buffers included); see linattn.tools.harness.peak."""
     return cpu_peak_bytes(fn) or 0
 
 
 def machine_rates(cfg: PerfConfig, state_numel: int) -> dict[str, Any]:
     """float32 matmul rate (n x n, median) and copy bandwidth (read + write bytes over time), large and at the
-    size of the largest decode state (which may sit in cache)."""
-    n = cfg.matmul_n
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.empty(n, n)
-    mm = _measure(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), max(cfg.repeats, 5), cfg.min_sample_s, 10.0)
-    out = {"matmul": {"n": n, "median_ms": mm["median_s"] * 1e3, "gflops": 2 * n**3 / mm["median_s"] / 1e9}}
-    del a, b, c
-    for key, numel in (("copy", cfg.copy_numel), ("copy_state_size", state_numel)):
-        src = torch.ones(numel)
-        dst = torch.empty_like(src)
-        cp = _measure(lambda d=dst, s=src: d.copy_(s), max(cfg.repeats, 5), cfg.min_sample_s, 10.0)
-        nbytes = 2 * src.numel() * src.element_size()
-        out[key] = {"bytes_per_side": nbytes // 2, "median_ms": cp["median_s"] * 1e3,
-                    "gbps": nbytes / cp["median_s"] / 1e9}
-        del src, dst
-    return out
+    size of the largest decode state (which may sit in cache), at the current thread count."""
+    kw = {"repeats": max(cfg.repeats, 5), "min_sample_s": cfg.min_sample_s}
+    return {"matmul": machine.matmul_rate(cfg.matmul_n, **kw), "copy": machine.copy_bandwidth(cfg.copy_numel, **kw),
+            "copy_state_size": machine.copy_bandwidth(state_numel, **kw)}
 
 
 def _run_case(case: Case, cfg: PerfConfig, history: dict, rates: dict, elapsed_s: float) -> dict[str, Any]:
@@ -304,7 +202,7 @@ def _run_case(case: Case, cfg: PerfConfig, history: dict, rates: dict, elapsed_s
     res.update(median_ms=s * 1e3, min_ms=m["min_s"] * 1e3, samples=m["samples"], calls_per_sample=m["calls_per_sample"],
                tokens_per_s=tokens / s, gflops=case.flops / s / 1e9)
     res["frac_matmul"] = res["gflops"] / rates["matmul"]["gflops"]
-    if case.bytes_moved:
+    if case.bytes_moved:  # the decode state may sit in cache: judged against the large copy all the same
         res["gbps"] = case.bytes_moved / s / 1e9
         res["frac_copy"] = res["gbps"] / rates["copy"]["gbps"]
     return res
@@ -313,49 +211,48 @@ def _run_case(case: Case, cfg: PerfConfig, history: dict, rates: dict, elapsed_s
 # --- the run -------------------------------------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, str | None]:
-    out = {}
-    for dist in ("torch", "linattn", "flash-linear-attention", "fla-core", "transformers", "triton", "einops", "numba"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def _cpu_model() -> str:
+def _one_pass(cases: list[Case], cfg: PerfConfig, threads: int, progress: bool) -> dict[str, Any]:
+    """Every case at one thread count, with the machine's rates measured at that count first."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        start = time.perf_counter()
+        load_before = machine.load_info()["loadavg"]
+        busy = machine.BusyMeter().start()
+        rates = machine_rates(cfg, max(cfg.decode_batches) * cfg.H * cfg.D * (cfg.D + 1))
+        history: dict = {}
+        results = []
+        bar = tqdm(cases, desc=f"linattn perf ({threads} thread{'s' if threads > 1 else ''})", unit="case",
+                   file=sys.stderr, disable=not progress)
+        for case in bar:
+            bar.set_postfix_str(case.name)
+            results.append(_run_case(case, cfg, history, rates, time.perf_counter() - start))
+        bar.close()
+        attach_ratios(results)
+        return {"threads": torch.get_num_threads(), "loadavg_before": load_before, "machine": rates,
+                "cases": results, "others_cpu_cores": busy.stop(), "elapsed_s": time.perf_counter() - start}
+    finally:
+        torch.set_num_threads(before)
 
 
 def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.Peer, ...] | None = None,
         progress: bool = True) -> dict[str, Any]:
-    """Measure everything selected and return the result document (see docs/perf.md for each field)."""
+    """Measure everything selected once per thread count in ``cfg.threads`` and return the result document
+    (see docs/perf.md for each field)."""
     start = time.perf_counter()
     peers = pp.PEERS if peers is None else peers
-    load_before = os.getloadavg()
-    busy = BusyMeter().start()
+    load_before = machine.load_info()["loadavg"]
+    busy = machine.BusyMeter().start()
     cases = select(build_cases(cfg, peers), only)
     used = {c.peer.name for c in cases if c.peer is not None}
     checks = pp.crosscheck(tuple(p for p in peers if p.name in used),
                            **({"T": 64, "D": 16} if cfg.quick else {}))
-    state_numel = max(cfg.decode_batches) * cfg.H * cfg.D * (cfg.D + 1)
-    rates = machine_rates(cfg, state_numel)
-    history: dict = {}
-    results = []
-    bar = tqdm(cases, desc="linattn perf", unit="case", file=sys.stderr, disable=not progress)
-    for case in bar:
-        bar.set_postfix_str(case.name)
-        results.append(_run_case(case, cfg, history, rates, time.perf_counter() - start))
-    bar.close()
-    attach_ratios(results)
-    wall = time.perf_counter() - start
-    others = busy.stop()  # average number of cores that other processes kept busy while this run measured
+    runs = []
+    for threads in cfg.threads:
+        one = _one_pass(cases, cfg, threads, progress)
+        one["targets"] = evaluate_targets(one["cases"], one["machine"], cfg, checks)
+        runs.append(one)
+    scaling = thread_scaling(runs)
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -363,19 +260,16 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
                    for k, v in asdict(cfg).items()},
         "only": list(only),
         "environment": {
-            "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "platform": platform.platform(), "versions": _versions(),
-            "loadavg_before": list(load_before), "others_cpu_cores": others,
+            "cpu": machine.processor_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": machine.versions(), "loadavg_before": load_before,
+            "others_cpu_cores": busy.stop(),
         },
-        "machine": rates,
         "crosscheck": checks,
-        "cases": results,
-        "targets": evaluate_targets(results, rates, cfg, checks),
-        "elapsed_s": wall,
+        "runs": runs,
+        "scaling": scaling,
+        "scaling_targets": scaling_targets(scaling, cfg),
+        "elapsed_s": time.perf_counter() - start,
     }
-
-
-# --- CLI -----------------------------------------------------------------------------------------------------------
 
 
 def missing_peers(cases: list[Case]) -> dict[str, str]:
@@ -400,98 +294,3 @@ def peer_warning(cases: list[Case]) -> str | None:
         return (f"warning: no peer is installed ({', '.join(sorted(missing))}); this run times linattn and softmax "
                 f"only, with no speedups. Install them first: {hint}")
     return f"warning: peers not installed, their rows will say so: {', '.join(sorted(missing))} ({hint})"
-
-
-@click.command(name="perf")
-@click.option("--output", "output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
-@click.option("--markdown", "markdown", type=cli_files.FILE, default=None,
-              help="Write the Markdown tables here (they are printed to stdout either way).")
-@click.option("--quick", is_flag=True, help="Tiny smoke configuration: checks the tool, measures nothing real.")
-@click.option("--only", "only", multiple=True,
-              help="Run only cases matching these patterns (fnmatch on names like 'fwd/delta/linattn/B1_T8192'; "
-                   "no wildcard = substring). Repeatable or comma-separated.")
-@click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed samples per case (default 5).")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch.set_num_threads (default: torch's).")
-@click.option("--max-call-s", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Skip a case projected (from a shorter T) to take longer than this per call (default 8 s).")
-@click.option("--no-memory", is_flag=True, help="Skip the peak-memory pass (one profiled call per case).")
-@click.option("--list", "list_only", is_flag=True, help="Print the case names and exit (with --device cuda: a dry "
-              "run that needs no GPU, with each case's FLOPs and the time budget).")
-@click.option("--overwrite", is_flag=True, help="Replace existing --output/--markdown files.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cuda: linattn's Triton chunk kernels against flash-linear-attention's Triton kernels and SDPA "
-                   "on the GPU (linattn.tools.perf.cuda).")
-@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Cases not started within this many seconds are skipped (default 540 on cpu, 200 on cuda).")
-def command(output, markdown, quick, only, repeats, threads, max_call_s, no_memory, list_only, overwrite, device,
-            budget_s) -> None:
-    """Kernel benchmark: linattn vs its peers and softmax, next to the machine's own rates, in one run. CPU by
-    default (flash-linear-attention / HF pure-torch peers); --device cuda times the Triton kernels on a GPU."""
-    patterns = tuple(p.strip() for arg in only for p in arg.split(",") if p.strip())
-    if device == "cuda":
-        _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s)
-        return
-    cfg = QUICK if quick else FULL
-    if budget_s is not None:
-        cfg = replace(cfg, budget_s=budget_s)
-    changes = {k: v for k, v in (("repeats", repeats), ("max_call_s", max_call_s)) if v is not None}
-    cfg = replace(cfg, memory=not no_memory, **changes)
-    try:
-        cases = select(build_cases(cfg), patterns)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc).removeprefix("only: "), param_hint="--only") from None
-    if list_only:
-        click.echo("\n".join(c.name for c in cases))
-        return
-    cli_files.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
-    warning = peer_warning(cases)  # at the start, not after minutes of measuring
-    if warning:
-        click.echo(warning, err=True)
-    if threads:
-        torch.set_num_threads(threads)
-    doc = run(cfg, only=patterns)
-    text = render_markdown(doc)
-    click.echo(text)
-    if output:
-        cli_files.write("--output", lambda p, overwrite: write_result(doc, p, "perf", overwrite=overwrite), output,
-                        overwrite=overwrite)
-    if markdown:
-        cli_files.write("--markdown", lambda p, overwrite: atomic_write(
-            p, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite), markdown, overwrite=overwrite)
-
-
-def _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s) -> None:
-    """``--device cuda``: plan (``--list`` needs no GPU), refuse clearly without one, measure, write."""
-    from linattn.tools.perf import cuda as pc
-    from linattn.tools.perf.cuda_report import render_markdown
-
-    cfg = pc.QUICK if quick else pc.FULL
-    changes = {k: v for k, v in (("repeats", repeats), ("max_call_s", max_call_s), ("budget_s", budget_s))
-               if v is not None}
-    cfg = replace(cfg, **changes)
-    try:
-        cases = select(pc.plan(cfg), patterns)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc).removeprefix("only: "), param_hint="--only") from None
-    if list_only:
-        for c in cases:
-            click.echo(f"{c.name}  {c.flops / 1e9:.1f} GFLOP")
-        est = pc.estimate(cases, cfg)
-        click.echo(f"{len(cases)} cases; timed calls take about {est['timed_calls_s']:.1f} s at an assumed "
-                   f"{est['assumed_tflops']:g} TFLOP/s, plus compilation and fla's autotuning; no case starts "
-                   f"after {cfg.budget_s:g} s")
-        return
-    try:
-        pc.require_cuda()
-    except pc.NoCudaDevice as exc:
-        raise click.ClickException(str(exc)) from None
-    cli_files.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
-    doc = pc.run(cfg, only=patterns, progress=lambda name: click.echo(f"  {name}", err=True))
-    text = render_markdown(doc)
-    click.echo(text)
-    if output:
-        cli_files.write("--output", lambda p, overwrite: write_result(doc, p, "perf_cuda", overwrite=overwrite),
-                        output, overwrite=overwrite)
-    if markdown:
-        cli_files.write("--markdown", lambda p, overwrite: atomic_write(
-            p, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite), markdown, overwrite=overwrite)
