@@ -77,13 +77,13 @@ FILE = FilePath()
 
 
 # ------------------------------------------------------------------------------------------ shared options
-def output_option(help: str = "Write the JSON result here.", **kwargs: Any) -> Callable:
+def output_option(help: str = "Write the JSON result here.", default: Any = None, **kwargs: Any) -> Callable:
     """``-o/--output FILE`` (default: nothing written unless the tool documents otherwise)."""
-    return click.option("-o", "--output", "output", type=FILE, default=None, help=help, **kwargs)
+    return click.option("-o", "--output", "output", type=FILE, default=default, help=help, **kwargs)
 
 
-def plot_option(help: str = "Draw the result to this PNG.") -> Callable:
-    return click.option("--plot", "plot", type=FILE, default=None, help=help)
+def plot_option(help: str = "Draw the result to this PNG.", dest: str = "plot") -> Callable:
+    return click.option("--plot", dest, type=FILE, default=None, help=help)
 
 
 def overwrite_option(help: str = "Replace existing output files (otherwise they are refused).") -> Callable:

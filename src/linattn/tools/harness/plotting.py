@@ -19,10 +19,12 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: str | os.PathLike, *, overwrite: bool = False, dpi: int = 100) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix) through :func:`atomic_write`, then close it: an
-    existing file is refused unless ``overwrite``, and an interrupted save leaves nothing behind."""
+def save_figure(fig: Any, path: str | os.PathLike, *, overwrite: bool = False, dpi: int = 100,
+                **savefig: Any) -> Path:
+    """Write ``fig`` to ``path`` (format from the suffix unless ``format=`` says) through :func:`atomic_write`,
+    then close it: an existing file is refused unless ``overwrite``, and an interrupted save leaves nothing
+    behind."""
     try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi), overwrite=overwrite)
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, **savefig), overwrite=overwrite)
     finally:
         pyplot().close(fig)
