@@ -284,8 +284,8 @@ def run_case(case: CudaCase, cfg: CudaConfig, device: str, impls: Callable = imp
 def require_cuda() -> None:
     """Raise :class:`NoCudaDevice` unless torch sees a CUDA device and the kernels would run compiled."""
     if not torch.cuda.is_available():
-        raise NoCudaDevice("--device cuda: no CUDA device is present (torch.cuda.is_available() is False on this "
-                           "machine); run it on a CUDA machine, or leave out --device for the CPU benchmark")
+        raise NoCudaDevice("--device cuda: no CUDA device is present (torch.cuda.is_available() is False); run it "
+                           "on a CUDA machine, or leave out --device for the CPU benchmark")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise NoCudaDevice("--device cuda: TRITON_INTERPRET=1 is set, which would time Triton's interpreter; unset it")
 
