@@ -62,3 +62,20 @@ def test_every_tool_is_listed():
     for name, (module, attr, text) in COMMANDS.items():
         assert name in res.output and text in res.output
         assert module.startswith("linattn.tools.") and attr == "command"
+
+
+def test_quick_replaces_only_the_defaults_a_user_left(monkeypatch):
+    from linattn.tools import recall
+
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(recall, "run_recall", fake)
+    CliRunner().invoke(main, ["recall", "--quick", "--trials", "3", "--no-progress"])
+    assert (seen["d"], seen["dv"], seen["trials"]) == (16, 16, 3)  # --trials given: it wins
+    seen.clear()
+    CliRunner().invoke(main, ["recall", "--no-progress"])
+    assert (seen["d"], seen["trials"]) == (64, 16)  # without --quick nothing changes

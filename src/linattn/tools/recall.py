@@ -376,17 +376,22 @@ def _floats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[flo
               help="Expected cosine between near-duplicate keys, in (0, 1).")
 @click.option("--trials", type=click.IntRange(min=1), default=16, show_default=True, help="Sequences per point.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@cli_files.quick_option(help="Width 16, two trials per point: checks the tool in seconds; its numbers mean "
+                        "nothing.")
 @cli_files.threads_option()
 @cli_files.output_option()
 @cli_files.plot_option(help="Write the PNG plot here.", dest="plot_path")
 @cli_files.overwrite_option()
 @cli_files.no_progress_option()
 @click.pass_context
-def command(ctx, d, dv, alphas, similarities, trials, seed, threads, output, plot_path, overwrite, no_progress) -> None:
+def command(ctx, d, dv, alphas, similarities, trials, seed, quick, threads, output, plot_path, overwrite,
+            no_progress) -> None:
     """Associative-recall diagnostic (no training): exact retrievals vs N, distance and key correlation. Prints
     the tables; writes files only with -o/--output and --plot."""
     cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
     cli_files.apply_threads(ctx, threads)
+    small = cli_files.quick_values(ctx, quick, {"d": 16, "dv": 16, "trials": 2})
+    d, dv, trials = small.get("d", d), small.get("dv", dv), small.get("trials", trials)
     try:
         mechanisms(alphas)
     except ValueError as exc:

@@ -687,6 +687,8 @@ def _list(kind: type):
 @click.option("--rescale-dtype", type=click.Choice(list(DTYPES)), default="float16", show_default=True,
               help="Dtype of the state-rescaling check.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@cli_files.quick_option(help="Two lengths, one scale, two dtypes: checks the tool in seconds; its numbers mean "
+                        "nothing.")
 @cli_files.threads_option()
 @cli_files.output_option()
 @cli_files.plot_option(help="Write the PNG plot here.", dest="plot_path")
@@ -694,11 +696,15 @@ def _list(kind: type):
 @cli_files.no_progress_option()
 @click.pass_context
 def command(ctx, rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, heads, dim, full_grid, rescale_dtype,
-            seed, threads, output, plot_path, overwrite, no_progress) -> None:
+            seed, quick, threads, output, plot_path, overwrite, no_progress) -> None:
     """Low-precision error against float64 over lengths, input scales and chunk sizes; epsilon; rescaling.
     Prints a summary; writes files only with -o/--output and --plot."""
     cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
     cli_files.apply_threads(ctx, threads)
+    small = cli_files.quick_values(ctx, quick, {"lengths": (64, 256), "scales": (1.0,), "chunk_sizes": (16, 64),
+                                               "dtypes": ("float32", "bfloat16")})
+    lengths, scales = small.get("lengths", lengths), small.get("scales", scales)
+    chunk_sizes, dtypes = small.get("chunk_sizes", chunk_sizes), small.get("dtypes", dtypes)
     for rule in rules:
         if form not in linattn.supported_forms(rule):
             raise click.BadParameter(f"rule {rule!r} has no form {form!r}", param_hint="--form")

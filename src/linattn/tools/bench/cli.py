@@ -206,6 +206,8 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
 @click.option("--workload-id", default="arch-linear-recurrence-v2", callback=_label_option)
 @click.option("--profile-id", default=None, callback=_label_option, help="Default <device>-<dtype>.")
 @cli_files.overwrite_option()
+@cli_files.quick_option(help="History lengths 64 and 256, 20 timed steps: checks the tool in seconds; its numbers "
+                        "mean nothing (the result file says so in its plan).")
 @cli_files.no_progress_option()
 @click.option("--dry-run", is_flag=True, help="Check the device, dtypes and memory and print the plan; write nothing.")
 @cli_files.plot_option(help="Also draw the result to this PNG.")
@@ -217,6 +219,7 @@ def command(ctx: click.Context, **opts: Any) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    opts |= cli_files.quick_values(ctx, opts["quick"], {"sequence_lengths": (64, 256), "warmup": 2, "repeats": 20})
     cuda_available = torch.cuda.is_available()
     device = bp.resolve_device(opts["device"], cuda_available)
     plan = _plan_from_options(opts, device)

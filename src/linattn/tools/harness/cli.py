@@ -97,6 +97,15 @@ def quick_option(help: str = QUICK_HELP) -> Callable:
     return click.option("--quick", is_flag=True, help=help)
 
 
+def quick_values(ctx: click.Context, quick: bool, values: dict[str, Any]) -> dict[str, Any]:
+    """With ``--quick``, ``values`` replace the defaults of the options a user did not set on the command line
+    (an explicit option always wins); without it, nothing changes. Returns the options that change."""
+    if not quick:
+        return {}
+    return {name: value for name, value in values.items()
+            if ctx.get_parameter_source(name) in (click.core.ParameterSource.DEFAULT, None)}
+
+
 def no_progress_option() -> Callable:
     return click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 
