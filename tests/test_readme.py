@@ -66,3 +66,10 @@ WORKSHOP = re.compile(r"\bissues? \d|\bissue #?\d|these machines|this machine|\b
 def test_user_docs_carry_no_workshop_words(page):
     hits = [line.strip()[:120] for line in page.read_text(encoding="utf-8").splitlines() if WORKSHOP.search(line)]
     assert hits == []
+
+
+def test_every_docs_page_is_in_the_site_nav():
+    nav = set(re.findall(r":\s*([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.M))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert pages - nav == set(), "add these pages to mkdocs.yml's nav"
+    assert nav - pages == set(), "the nav names pages that do not exist"
