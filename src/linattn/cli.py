@@ -16,7 +16,8 @@ COMMANDS = {
     "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
     "sp-bench": ("linattn.tools.sp.bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),
     "mqar": ("linattn.tools.mqar", "command", "Multi-query associative recall trained per mixer, with decode latency."),
-    "perf": ("linattn.tools.perf.cli", "command", "CPU kernel benchmark against peers and the machine's own rates."),
+    "perf": ("linattn.tools.perf.cli", "command",
+             "Kernels against peers, as fractions of the in-run matmul rate and copy bandwidth, 1 and 2 threads."),
 }
 
 
