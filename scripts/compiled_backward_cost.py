@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from linattn.tools import perf_peers as pp
+from linattn.tools.perf import peers as pp
 
 
 def main() -> None:

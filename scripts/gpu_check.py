@@ -2,7 +2,7 @@
 
     python scripts/gpu_check.py decode --out DIR    # the experiment: one decode step, KV cache vs fixed state
 
-(The chunk kernels against fla's are ``linattn perf --device cuda``, linattn.tools.perf_cuda.) Writes one JSON file
+(The chunk kernels against fla's are ``linattn perf --device cuda``, linattn.tools.perf.cuda.) Writes one JSON file
 under DIR (never overwriting) and prints a table. Every candidate is timed alone with CUDA
 events around a batch of steps after a warmup (and per-step events for the median), peak device memory from
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. A candidate that fails is recorded with its

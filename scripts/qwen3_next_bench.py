@@ -26,7 +26,7 @@ from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from linattn.integrations import transformers as lt
-from linattn.tools.results import atomic_write_json
+from linattn.tools.harness.results import atomic_write_json
 
 
 def paired_medians_ms(fns, repeats: int) -> list[float]:

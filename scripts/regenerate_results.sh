@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-run every committed result under benchmarks/results/ with the current code (replacing the files).
-# Timings are only meaningful on a quiet machine: run nothing else meanwhile. About 30 minutes on 2 cores (MQAR
+# Timings are only meaningful on a quiet machine: run nothing else meanwhile. About 45 minutes on 2 cores (MQAR
 # training, when its checkpoints are missing, adds up to an hour);
 # the perf step needs the optional peers: pip install -c constraints.txt ".[peers]".
 set -euo pipefail
@@ -16,13 +16,12 @@ linattn stability --no-progress --overwrite --form recurrent --lengths 256,1024,
 linattn stability --no-progress --overwrite --state-dtype float32 --dtype bfloat16 --dtype float16 \
   --output "$R/stability_cpu_state-float32.json" --plot "$R/stability_cpu_state-float32.png"
 linattn recall --no-progress --overwrite --output "$R/recall_d64.json" --plot "$R/recall_d64.png"
-linattn perf --overwrite --output "$R/perf_cpu.json" --markdown "$R/perf_cpu.md"
-linattn sp-bench --ranks 2 --repeats 3 --overwrite --output "$R/sp_bench_cpu.json"
-# The compiled CPU kernels, side by side with the torch forms and the peers (README perf section, docs/perf.md):
-linattn perf --threads 1 --no-memory --only 'fwd/*/B1_T8192,fwdbwd/*/B1_T8192,decode/*' --overwrite \
-  --output "$R/perf_cpu_kernels_1thread.json" --markdown "$R/perf_cpu_kernels_1thread.md"
-linattn perf --threads 2 --no-memory --only 'fwd/*/B1_T8192,decode/*' --overwrite \
-  --output "$R/perf_cpu_kernels_2threads.json" --markdown "$R/perf_cpu_kernels_2threads.md"
+# Every case against the peers at 1 and 2 threads (two passes of up to 9 minutes each):
+linattn perf --no-progress --overwrite -o "$R/perf_cpu.json" --markdown "$R/perf_cpu.md"
+linattn sp-bench --ranks 2 --repeats 3 --overwrite -o "$R/sp_bench_cpu.json" --plot "$R/sp_bench_cpu.png"
+# The compiled CPU kernels at the target shape, 1 and 2 threads and the scaling between them (docs/performance.md):
+linattn perf --no-progress --no-memory --only 'fwd/*/B1_T8192,fwdbwd/*/B1_T8192,decode/*' --overwrite \
+  -o "$R/perf_cpu_kernels.json" --markdown "$R/perf_cpu_kernels.md"
 linattn bench --no-progress --rules accumulate,gated_delta --sequence-lengths 128,512,2048,8192 \
   --run-label cpu-compiled-step --overwrite --plot "$R/arch-linear-recurrence-v2_cpu-compiled-step.png"
 python scripts/qwen3_next_bench.py --T 4096 --threads 1 --out "$R/qwen3_next_cpu.json" --overwrite

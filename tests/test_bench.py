@@ -11,7 +11,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from linattn.tools import bench, bench_plan, bench_report, bench_workload, results
+from linattn.tools.bench import cli as bench
+from linattn.tools.bench import plan as bench_plan
+from linattn.tools.bench import report as bench_report
+from linattn.tools.bench import workload as bench_workload
+from linattn.tools.harness import results
 
 TINY = ["--sequence-lengths", "4,8", "--query-heads", "2", "--head-dim", "4", "--warmup", "1", "--repeats", "3"]
 
@@ -472,7 +476,7 @@ def test_default_threads_one_on_small_cpu_machines():
 
 def test_cli_warns_and_records_a_disturbed_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench.profiling, "others_busy_now", lambda seconds=0.3: 1.5)
+    monkeypatch.setattr(bench.machine, "others_busy_now", lambda seconds=0.3: 1.5)
 
     class Busy:
         def start(self):
@@ -498,7 +502,7 @@ def test_cli_warns_and_records_a_disturbed_run(tmp_path, monkeypatch):
 
 def test_cli_quiet_run_is_measured_and_says_which_threads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench.profiling, "others_busy_now", lambda seconds=0.3: 0.0)
+    monkeypatch.setattr(bench.machine, "others_busy_now", lambda seconds=0.3: 0.0)
     monkeypatch.setattr(bench.bench_report, "assess_contention", lambda rows, **kw: _quiet(kw))
     res = CliRunner().invoke(bench.command, [*TINY, "--output", "r.json", "--threads", "1"])
     assert res.exit_code == 0, res.output

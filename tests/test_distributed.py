@@ -275,27 +275,3 @@ def test_message_bytes_formula():
     assert message_bytes("gated", 2, 3, 4, 5, per_channel=True) == (2 * 3 * 4 * 6 + 2 * 3 * 4) * 4
     assert message_bytes("gated", 1, 1, 4, 5, normalize=False) == (4 * 5 + 1) * 4
     assert message_bytes("gated_delta", 1, 2, 4, 5, state_dtype=torch.float64) == 2 * 4 * 9 * 8
-
-
-def test_sp_bench_smoke(tmp_path):
-    """The tool end to end on tiny shapes: bytes flat in T and within headers of the formula, result valid."""
-    from click.testing import CliRunner
-
-    from linattn.tools import sp_bench
-    from linattn.tools.results import read_result
-
-    out = tmp_path / "sp.json"
-    args = ["--ranks", "2", "--lengths", "64,256", "--rules", "gated,delta", "--heads", "1", "--dim", "8",
-            "--repeats", "1", "--output", str(out)]
-    res = CliRunner().invoke(sp_bench.command, args)
-    assert res.exit_code == 0, res.output
-    doc = read_result(out, "sp_bench")
-    assert (tmp_path / "sp.png").stat().st_size > 0
-    for row in doc["rows"]:
-        msg = message_bytes(row["rule"], 1, 1, 8, 8)
-        assert row["message_bytes"] == msg and row["formula_fwd_bytes"] == msg
-        assert all(msg <= b <= msg + 4096 for b in row["bytes_fwd"]), row["bytes_fwd"]
-    assert all(c["ok"] for c in doc["checks"].values()), doc["checks"]
-    assert doc["model"]["ranks"][-1] == 1024
-    again = CliRunner().invoke(sp_bench.command, args)
-    assert again.exit_code != 0 and "exists" in str(again.exception or again.output)

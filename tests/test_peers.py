@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from linattn.tools import perf_peers as pp
+from linattn.tools.perf import peers as pp
 
 pytest.importorskip("fla", reason="flash-linear-attention (linattn[peers]) not installed")
 pytest.importorskip("transformers", reason="transformers (linattn[peers]) not installed")

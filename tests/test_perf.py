@@ -1,5 +1,6 @@
-"""``linattn perf``: FLOP/byte formulas, case selection, peak memory, one tiny run's structure and rendering, and
-peers that are missing. Nothing here asserts a timing; peers are stand-ins so the tests need no optional package."""
+"""``linattn perf``: FLOP/byte formulas, case selection, peak memory, one tiny run at 1 and 2 threads (structure,
+fractions of the in-run rates, thread scaling, rendering), and peers that are missing. Nothing here asserts a
+timing; peers are stand-ins so the tests need no optional package."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from linattn.tools import perf
-from linattn.tools import perf_peers as pp
-from linattn.tools.results import load_schema, validate
+from linattn.tools.harness.results import load_schema, validate
+from linattn.tools.perf import cli as perf_cli
+from linattn.tools.perf import cpu as perf
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf import report, work
+from linattn.tools.perf.work import decode_bytes, decode_flops, rule_flops, sdpa_flops, seq_bytes
 
 
 def _recurrent_as_peer(fn, inp: pp.Inputs) -> torch.Tensor:
@@ -31,35 +35,45 @@ ONLY = ("fwd/accumulate/*/B1_T128", "fwd/delta/*/B1_T128", "decode/accumulate/li
 
 def test_accumulate_flops_is_the_issue_formula():
     # 4*T*H*Dk*Dv + 2*T*H*64*(Dk+Dv) at T=8192, H=8, D=64: 2^30 + 2^30
-    assert perf.rule_flops("accumulate", 1, 8192, 8, 64, 64) == 2**31
-    assert perf.rule_flops("accumulate", 3, 10, 2, 5, 7) == 3 * 10 * 2 * (4 * 5 * 7 + 2 * 64 * (5 + 7))
+    assert rule_flops("accumulate", 1, 8192, 8, 64, 64) == 2**31
+    assert rule_flops("accumulate", 3, 10, 2, 5, 7) == 3 * 10 * 2 * (4 * 5 * 7 + 2 * 64 * (5 + 7))
     # gates are elementwise: the same fixed count for both gated variants
-    assert perf.rule_flops("gated_head", 1, 8192, 8, 64, 64) == 2**31
-    assert perf.rule_flops("gated_channel", 3, 10, 2, 5, 7) == perf.rule_flops("accumulate", 3, 10, 2, 5, 7)
+    assert rule_flops("gated_head", 1, 8192, 8, 64, 64) == 2**31
+    assert rule_flops("gated_channel", 3, 10, 2, 5, 7) == rule_flops("accumulate", 3, 10, 2, 5, 7)
 
 
 def test_delta_flops_and_backward_factor():
     # 6*Dk*Dv + 2*64*(3*Dk + 2*Dv) per token and head: 24576 + 40960 = 65536 at D=64
-    assert perf.rule_flops("delta", 1, 8192, 8, 64, 64) == 2**32
-    assert perf.rule_flops("gated_delta", 2, 10, 3, 5, 7) == 2 * 10 * 3 * (6 * 35 + 2 * 64 * (15 + 14))
-    assert perf.rule_flops("delta", 1, 100, 2, 8, 8, backward=True) == 3 * perf.rule_flops("delta", 1, 100, 2, 8, 8)
-    assert perf.sdpa_flops(2, 100, 3, 16) == 2 * 2 * 3 * 100 * 100 * 16
-    assert perf.sdpa_flops(1, 10, 1, 4, backward=True) == 3 * 2 * 10 * 10 * 4
+    assert rule_flops("delta", 1, 8192, 8, 64, 64) == 2**32
+    assert rule_flops("gated_delta", 2, 10, 3, 5, 7) == 2 * 10 * 3 * (6 * 35 + 2 * 64 * (15 + 14))
+    assert rule_flops("delta", 1, 100, 2, 8, 8, backward=True) == 3 * rule_flops("delta", 1, 100, 2, 8, 8)
+    assert sdpa_flops(2, 100, 3, 16) == 2 * 2 * 3 * 100 * 100 * 16
+    assert sdpa_flops(1, 10, 1, 4, backward=True) == 3 * 2 * 10 * 10 * 4
 
 
 def test_decode_counts():
-    assert perf.decode_flops("accumulate", 64, 8, 64, 64) == 64 * 8 * 4 * 64 * 64
-    assert perf.decode_flops("gated_delta", 1, 2, 3, 5) == 2 * 6 * 15
+    assert decode_flops("accumulate", 64, 8, 64, 64) == 64 * 8 * 4 * 64 * 64
+    assert decode_flops("gated_delta", 1, 2, 3, 5) == 2 * 6 * 15
     # normalized rules move S plus z (one more value column), read once and written once, plus the token
-    assert perf.decode_bytes("accumulate", 64, 8, 64, 64) == (2 * 64 * 8 * 64 * 65 + 64 * 8 * 256) * 4
-    assert perf.decode_bytes("gated_channel", 1, 1, 4, 2) == (2 * 4 * 3 + 12 + 4) * 4
-    assert perf.decode_bytes("delta", 2, 1, 4, 2) == (2 * 2 * 4 * 2 + 2 * 12 + 2) * 4
-    assert perf.decode_bytes("gated_delta", 1, 1, 4, 2) == (2 * 4 * 2 + 12 + 2) * 4
+    assert decode_bytes("accumulate", 64, 8, 64, 64) == (2 * 64 * 8 * 64 * 65 + 64 * 8 * 256) * 4
+    assert decode_bytes("gated_channel", 1, 1, 4, 2) == (2 * 4 * 3 + 12 + 4) * 4
+    assert decode_bytes("delta", 2, 1, 4, 2) == (2 * 2 * 4 * 2 + 2 * 12 + 2) * 4
+    assert decode_bytes("gated_delta", 1, 1, 4, 2) == (2 * 4 * 2 + 12 + 2) * 4
+
+
+def test_sequence_bytes():
+    # forward: q, k, v, gate, beta read once, o written once
+    assert seq_bytes("accumulate", 2, 10, 3, 4, 5) == 2 * 10 * 3 * (2 * 4 + 5 + 5) * 4
+    assert seq_bytes("gated_channel", 1, 10, 1, 4, 5) == 10 * (2 * 4 + 5 + 4 + 5) * 4
+    assert seq_bytes("gated_delta", 1, 10, 1, 4, 5) == 10 * (2 * 4 + 5 + 2 + 5) * 4
+    assert seq_bytes("softmax", 1, 10, 1, 4, 4) == 10 * 16 * 4
+    # forward+backward: grad_o read, inputs read again and their gradients written
+    assert seq_bytes("delta", 1, 10, 1, 4, 5, backward=True) == 10 * (3 * (2 * 4 + 5 + 1) + 2 * 5) * 4
 
 
 def test_unknown_variant_is_named():
     with pytest.raises(ValueError, match="variant: unknown 'linear'"):
-        perf.rule_flops("linear", 1, 1, 1, 1, 1)
+        rule_flops("linear", 1, 1, 1, 1, 1)
     with pytest.raises(ValueError, match="variant"):
         pp.make_inputs("linear", 1, 1, 1, 1)
 
@@ -68,18 +82,18 @@ def test_unknown_variant_is_named():
 
 
 def test_select_patterns():
-    cases = perf.build_cases(perf.QUICK, peers=(FAKE,))
-    names = [c.name for c in perf.select(cases, ("fwd/",))]
+    cases = perf.build_cases(work.QUICK, peers=(FAKE,))
+    names = [c.name for c in work.select(cases, ("fwd/",))]
     assert names and all(n.startswith("fwd/") for n in names)  # a substring; "fwdbwd/" does not contain "fwd/"
-    assert [c.name for c in perf.select(cases, ("decode/delta/*/B4",))] == ["decode/delta/linattn/B4",
+    assert [c.name for c in work.select(cases, ("decode/delta/*/B4",))] == ["decode/delta/linattn/B4",
                                                                           "decode/delta/linattn.cpu/B4"]
-    assert len(perf.select(cases, ())) == len(cases)
+    assert len(work.select(cases, ())) == len(cases)
     with pytest.raises(ValueError, match="only: no case matches"):
-        perf.select(cases, ("nothing/like/this",))
+        work.select(cases, ("nothing/like/this",))
 
 
 def test_cases_run_shorter_sequences_first():
-    cases = perf.build_cases(perf.FULL, peers=())
+    cases = perf.build_cases(work.FULL, peers=())
     ts = [c.T for c in cases if c.group == "fwd" and c.variant == "delta" and c.B == 1 and c.impl == "linattn"]
     assert ts == [2048, 8192, 32768]
     assert [c.group for c in cases][:20] == ["decode"] * 20  # torch and compiled step for each variant
@@ -102,7 +116,7 @@ def test_measure_counts_calls():
 
 
 def test_targets_judge_ratios_and_mismatches():
-    cfg = perf.FULL
+    cfg = work.FULL
 
     def row(group, variant, impl, ms, T=8192, mem=100):
         return {"group": group, "variant": variant, "impl": impl, "shape": {"B": 1, "T": T}, "status": "ok",
@@ -116,7 +130,7 @@ def test_targets_judge_ratios_and_mismatches():
     results += [row("fwd", v, "linattn", 41.0 if v == "delta" else 46.0, T=32768, mem=400) for v in pp.VARIANTS]
     checks = [{"peer": "hf.torch_chunk_gated_delta_rule", "status": "MISMATCH"}]
     rates = {"matmul": {"gflops": 330.0}}
-    t = {x["id"]: x for x in perf.evaluate_targets(results, rates, cfg, checks)}
+    t = {x["id"]: x for x in report.evaluate_targets(results, rates, cfg, checks)}
     assert t["fwd_accumulate_vs_fla.naive_chunk_linear_attn"]["value"] == pytest.approx(6.0)
     assert t["fwd_accumulate_vs_fla.naive_chunk_linear_attn"]["status"] == "met"
     assert t["fwd_delta_vs_fla.delta_rule_chunkwise"]["status"] == "missed"
@@ -136,22 +150,28 @@ def test_targets_judge_ratios_and_mismatches():
 
 @pytest.fixture(scope="module")
 def doc():
-    return perf.run(perf.QUICK, only=ONLY, peers=(FAKE, MISSING), progress=False)
+    return perf.run(work.QUICK, only=ONLY, peers=(FAKE, MISSING), progress=False)
 
 
 def test_run_document_is_valid_and_complete(doc):
     validate(doc, load_schema("perf"), source="perf run")
     json.dumps(doc, allow_nan=False)
-    assert {c["name"] for c in doc["cases"]} == {
-        "fwd/accumulate/linattn/B1_T128", "fwd/accumulate/test.recurrent_as_peer/B1_T128",
-        "fwd/delta/linattn/B1_T128", "fwd/delta/test.missing/B1_T128", "decode/accumulate/linattn/B4",
-        "fwd/accumulate/linattn.cpu/B1_T128", "fwd/delta/linattn.cpu/B1_T128"}
-    assert all(c["status"] == "ok" for c in doc["cases"] if c["impl"] == "linattn.cpu")
-    assert doc["machine"]["matmul"]["gflops"] > 0 and doc["machine"]["copy"]["gbps"] > 0
+    assert [r["threads"] for r in doc["runs"]] == [1, 2]
+    for run in doc["runs"]:
+        assert {c["name"] for c in run["cases"]} == {
+            "fwd/accumulate/linattn/B1_T128", "fwd/accumulate/test.recurrent_as_peer/B1_T128",
+            "fwd/delta/linattn/B1_T128", "fwd/delta/test.missing/B1_T128", "decode/accumulate/linattn/B4",
+            "fwd/accumulate/linattn.cpu/B1_T128", "fwd/delta/linattn.cpu/B1_T128"}
+        assert all(c["status"] == "ok" for c in run["cases"] if c["impl"] == "linattn.cpu")
+        assert run["machine"]["matmul"]["gflops"] > 0 and run["machine"]["copy"]["gbps"] > 0
+    assert torch.get_num_threads() == THREADS  # the caller's setting is restored
+
+
+THREADS = torch.get_num_threads()
 
 
 def test_missing_peer_is_reported_not_raised(doc):
-    case = next(c for c in doc["cases"] if c["impl"] == "test.missing")
+    case = next(c for c in doc["runs"][0]["cases"] if c["impl"] == "test.missing")
     assert case["status"] == "not installed" and "no-such-dist" in case["reason"] and case["median_ms"] is None
     check = next(c for c in doc["crosscheck"] if c["peer"] == "test.missing")
     assert check["status"] == "not installed"
@@ -159,35 +179,62 @@ def test_missing_peer_is_reported_not_raised(doc):
     assert fake["status"] == "match" and fake["rel_diff"] < 1e-5
 
 
-def test_derived_numbers(doc):
-    by = {c["name"]: c for c in doc["cases"]}
+@pytest.mark.parametrize("which", [0, 1])
+def test_derived_numbers_are_fractions_of_the_same_pass_rates(doc, which):
+    run = doc["runs"][which]
+    by = {c["name"]: c for c in run["cases"]}
     ours, peer = by["fwd/accumulate/linattn/B1_T128"], by["fwd/accumulate/test.recurrent_as_peer/B1_T128"]
     assert ours["status"] == peer["status"] == "ok"
     s = ours["median_ms"] / 1e3
     assert ours["tokens_per_s"] == pytest.approx(128 / s)
-    assert ours["gflops"] == pytest.approx(perf.rule_flops("accumulate", 1, 128, 2, 16, 16) / s / 1e9)
-    assert ours["frac_matmul"] == pytest.approx(ours["gflops"] / doc["machine"]["matmul"]["gflops"])
+    assert ours["gflops"] == pytest.approx(rule_flops("accumulate", 1, 128, 2, 16, 16) / s / 1e9)
+    assert ours["frac_matmul"] == pytest.approx(ours["gflops"] / run["machine"]["matmul"]["gflops"])
+    assert ours["bytes_moved"] == seq_bytes("accumulate", 1, 128, 2, 16, 16)
+    assert ours["frac_copy"] == pytest.approx(ours["bytes_moved"] / s / 1e9 / run["machine"]["copy"]["gbps"])
     ratio = peer["median_ms"] / ours["median_ms"]
     assert peer["linattn_speedup"] == pytest.approx(ratio) and ours["speedup_vs"][FAKE.name] == pytest.approx(ratio)
     assert ours["peak_mem_bytes"] >= 128 * 2 * 16 * 4  # at least the float32 output
     dec = by["decode/accumulate/linattn/B4"]
-    assert dec["bytes_moved"] == perf.decode_bytes("accumulate", 4, 2, 16, 16)
-    assert dec["frac_copy"] == pytest.approx(dec["gbps"] / doc["machine"]["copy"]["gbps"])
+    assert dec["bytes_moved"] == decode_bytes("accumulate", 4, 2, 16, 16)
+    assert dec["frac_copy"] == pytest.approx(dec["gbps"] / run["machine"]["copy"]["gbps"])
+    assert dec["frac_matmul"] == pytest.approx(dec["gflops"] / run["machine"]["matmul"]["gflops"])
     assert dec["tokens_per_s"] == pytest.approx(4 / (dec["median_ms"] / 1e3))
-    frac = next(t for t in doc["targets"] if t["id"] == "fwd_accumulate_matmul_fraction")
+    frac = next(t for t in run["targets"] if t["id"] == "fwd_accumulate_matmul_fraction")
     assert frac["value"] == ours["frac_matmul"] and frac["status"] == ("met" if frac["value"] >= 0.3 else "missed")
-    vs_fla = next(t for t in doc["targets"] if t["id"] == "fwd_accumulate_vs_fla.naive_chunk_linear_attn")
+    vs_fla = next(t for t in run["targets"] if t["id"] == "fwd_accumulate_vs_fla.naive_chunk_linear_attn")
     assert vs_fla["status"] == "not measured" and "not selected" in vs_fla["detail"]
 
 
+def test_thread_scaling_pairs_each_case_across_the_passes(doc):
+    one, two = ({c["name"]: c for c in r["cases"]} for r in doc["runs"])
+    rows = {r["name"]: r for r in doc["scaling"]}
+    assert set(rows) == {n for n, c in one.items() if c["status"] == "ok"}  # the missing peer has no ratio
+    for name, r in rows.items():
+        assert r["threads"] == [1, 2] and r["median_ms"] == [one[name]["median_ms"], two[name]["median_ms"]]
+        assert r["speedup"] == pytest.approx(one[name]["median_ms"] / two[name]["median_ms"])
+        assert r["frac_matmul"] == [one[name]["frac_matmul"], two[name]["frac_matmul"]]
+    t = {x["id"]: x for x in doc["scaling_targets"]}
+    assert t["scaling_fwd_delta"]["value"] == rows["fwd/delta/linattn.cpu/B1_T128"]["speedup"]
+    assert t["scaling_fwd_gated_delta"]["status"] == "not measured"  # not selected
+
+
+def test_thread_scaling_needs_two_thread_counts():
+    runs = [{"threads": 1, "cases": [{"name": "a", "status": "ok", "median_ms": 1.0}]}]
+    assert report.thread_scaling(runs) == [] and report.thread_scaling(runs + runs) == []
+    assert all(t["status"] == "not measured" for t in report.scaling_targets([], work.QUICK))
+
+
 def test_markdown_rendering(doc):
-    md = perf.render_markdown(doc)
+    md = report.render_markdown(doc)
     assert md.startswith("# linattn CPU kernel benchmark (quick smoke configuration)")
-    assert "## Targets" in md and "## Chunk forward" in md and "## Decode step" in md
+    assert "## 1 thread" in md and "## 2 threads" in md and "## Thread scaling: 1 -> 2 threads" in md
+    assert "### Targets at 1 thread" in md and "### Chunk forward, 2 threads" in md and "### Decode step" in md
+    assert "% matmul | % copy |" in md and "| % copy | % matmul |" in md  # both fractions, every kernel
     assert "| accumulate | test.recurrent_as_peer | 1 | 128 |" in md
     assert "| delta | test.missing | 1 | 128 | not installed:" in md
     assert "| test.recurrent_as_peer | accumulate | chunk |" in md  # cross-check table
-    assert "## Chunk forward+backward" not in md  # no such case selected
+    assert "| fwd/delta/linattn.cpu/B1_T128 |" in md  # a scaling row
+    assert "Chunk forward+backward" not in md  # no such case selected
 
 
 # --- CLI -----------------------------------------------------------------------------------------------------------
@@ -195,25 +242,31 @@ def test_markdown_rendering(doc):
 
 def test_cli_writes_files_and_refuses_to_overwrite(tmp_path):
     out, md = tmp_path / "perf.json", tmp_path / "perf.md"
-    args = ["--quick", "--only", "decode/gated_head/linattn/B1", "--output", str(out), "--markdown", str(md)]
-    first = CliRunner().invoke(perf.command, args)
+    args = ["--quick", "--threads", "1", "--only", "decode/gated_head/linattn/B1", "-o", str(out), "--markdown",
+            str(md), "--no-progress"]
+    first = CliRunner().invoke(perf_cli.command, args)
     assert first.exit_code == 0, first.output
     saved = json.loads(out.read_text())
     validate(saved, load_schema("perf"))
-    assert [c["name"] for c in saved["cases"]] == ["decode/gated_head/linattn/B1"]
+    assert [c["name"] for c in saved["runs"][0]["cases"]] == ["decode/gated_head/linattn/B1"]
+    assert saved["scaling"] == []  # one thread count: no ratio
     assert md.read_text() in first.output  # the same Markdown is printed
-    again = CliRunner().invoke(perf.command, args)
+    again = CliRunner().invoke(perf_cli.command, args)
     assert again.exit_code == 2 and "exists; refusing to overwrite" in again.output
     assert json.loads(out.read_text()) == saved
-    assert CliRunner().invoke(perf.command, [*args, "--overwrite", "--no-memory"]).exit_code == 0
-    assert json.loads(out.read_text())["cases"][0]["peak_mem_bytes"] is None
+    assert CliRunner().invoke(perf_cli.command, [*args, "--overwrite", "--no-memory"]).exit_code == 0
+    assert json.loads(out.read_text())["runs"][0]["cases"][0]["peak_mem_bytes"] is None
 
 
 def test_cli_only_and_list():
-    listed = CliRunner().invoke(perf.command, ["--quick", "--list", "--only", "decode/*/B4,recurrent/delta/linattn"])
+    listed = CliRunner().invoke(perf_cli.command,
+                                ["--quick", "--list", "--only", "decode/*/B4,recurrent/delta/linattn"])
     assert listed.exit_code == 0
     expected = [f"decode/{v}/{impl}/B4" for v in pp.VARIANTS for impl in ("linattn", "linattn.cpu")]
     expected += ["recurrent/delta/linattn/B1_T128"]
     assert listed.output.split() == expected
-    bad = CliRunner().invoke(perf.command, ["--quick", "--only", "no/such/case"])
+    bad = CliRunner().invoke(perf_cli.command, ["--quick", "--only", "no/such/case"])
     assert bad.exit_code == 2 and "--only" in bad.output and "no case matches" in bad.output
+    for threads in ("0", "1,1", "x", ""):
+        bad = CliRunner().invoke(perf_cli.command, ["--quick", "--list", "--threads", threads])
+        assert bad.exit_code == 2 and "--threads" in bad.output, threads

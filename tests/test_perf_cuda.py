@@ -11,11 +11,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from linattn.tools import perf
-from linattn.tools import perf_cuda as pc
-from linattn.tools import perf_peers as pp
-from linattn.tools.perf_cuda_report import attach_ratios, render_markdown
-from linattn.tools.results import load_schema, validate
+from linattn.tools.harness.results import load_schema, validate
+from linattn.tools.perf import cli as perf_cli
+from linattn.tools.perf import cuda as pc
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf import work
+from linattn.tools.perf.cuda_report import attach_ratios, render_markdown
 
 FLA_SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 
@@ -34,7 +35,7 @@ def test_plan_covers_fla_shapes_the_seed_every_variant_both_passes():
             assert got == {(g, i) for g in ("fwd", "fwdbwd") for i in ("linattn.triton", pc.FLA[variant])}
     # the work counts are perf's fixed formulas (forward+backward three times the forward)
     c = next(c for c in cases if c.name == "fwdbwd/gated_delta/linattn.triton/B1_T8192_H96_D128")
-    assert c.flops == perf.rule_flops("gated_delta", 1, 8192, 96, 128, 128, backward=True)
+    assert c.flops == work.rule_flops("gated_delta", 1, 8192, 96, 128, 128, backward=True)
     assert pc.FLA == {"accumulate": "fla.chunk_linear_attn", "gated_head": "fla.chunk_simple_gla",
                       "gated_channel": "fla.chunk_gla", "delta": "fla.chunk_delta_rule",
                       "gated_delta": "fla.chunk_gated_delta_rule"}
@@ -49,20 +50,20 @@ def test_estimate_counts_every_timed_call():
 
 
 def test_dry_run_lists_cases_without_a_gpu():
-    out = CliRunner().invoke(perf.command, ["--device", "cuda", "--list", "--only", "fwd/delta/"])
+    out = CliRunner().invoke(perf_cli.command, ["--device", "cuda", "--list", "--only", "fwd/delta/"])
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert [ln.split()[0] for ln in lines[:-1]] == [
         f"fwd/delta/{impl}/{tag}" for tag in ("B1_T8192_H96_D128", "B2_T16384_H16_D128", "B1_T8192_H8_D64")
         for impl in ("linattn.triton", "fla.chunk_delta_rule")]
     assert lines[-1].startswith("6 cases;") and "no case starts after 200 s" in lines[-1]
-    bad = CliRunner().invoke(perf.command, ["--device", "cuda", "--list", "--only", "no/such"])
+    bad = CliRunner().invoke(perf_cli.command, ["--device", "cuda", "--list", "--only", "no/such"])
     assert bad.exit_code == 2 and "no case matches" in bad.output
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
 def test_without_cuda_the_run_is_refused_by_name(tmp_path):
-    out = CliRunner().invoke(perf.command, ["--device", "cuda", "--output", str(tmp_path / "x.json")])
+    out = CliRunner().invoke(perf_cli.command, ["--device", "cuda", "--output", str(tmp_path / "x.json")])
     assert out.exit_code == 1
     assert "--device cuda: no CUDA device is present" in out.output
     assert not (tmp_path / "x.json").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,9 +24,14 @@ import linattn
 from linattn import kernels
 from linattn.kernels import cpu_decode
 from linattn.ops import accumulate, delta, gated, gated_delta
-from linattn.tools import bench, bench_plan, bench_report, perf
-from linattn.tools import perf_peers as pp
 from linattn.tools import stability as st
+from linattn.tools.bench import cli as bench
+from linattn.tools.bench import plan as bench_plan
+from linattn.tools.bench import report as bench_report
+from linattn.tools.perf import cpu as perf
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf import work
+from linattn.tools.perf.report import render_markdown
 
 RULE_MODULES = {"accumulate": accumulate, "gated": gated, "delta": delta, "gated_delta": gated_delta}
 
@@ -130,8 +136,9 @@ def test_perf_crosscheck_reports_a_peer_computing_another_function():
 
 
 def test_perf_run_marks_the_mismatch_in_its_report():
-    doc = perf.run(perf.QUICK, only=("fwd/gated_head/test.gated_log2/B1_T128",), peers=(WRONG,), progress=False)
+    doc = perf.run(replace(work.QUICK, threads=(1,)), only=("fwd/gated_head/test.gated_log2/B1_T128",), peers=(WRONG,),
+                   progress=False)
     (check,) = doc["crosscheck"]
     assert check["status"] == "MISMATCH"
-    assert f"| {WRONG.name} | gated_head | chunk |" in perf.render_markdown(doc)
-    assert "| MISMATCH |" in perf.render_markdown(doc)
+    assert f"| {WRONG.name} | gated_head | chunk |" in render_markdown(doc)
+    assert "| MISMATCH |" in render_markdown(doc)

@@ -18,8 +18,14 @@ from click.testing import CliRunner
 
 from linattn import jsonfile
 from linattn.cli import main as cli_main
-from linattn.tools import bench, cli_files, perf, recall, results, stability
+from linattn.tools import explain, recall, stability
 from linattn.tools import memory as memory_tool
+from linattn.tools.bench import cli as bench
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness import results
+from linattn.tools.perf import cpu as perf
+from linattn.tools.perf import work
+from linattn.tools.sp import bench as sp_bench
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -80,6 +86,9 @@ TOOLS = {
     "stability": (stability, "stability_sweep", ["--no-progress"], "--plot"),
     "recall": (recall, "run_recall", ["--no-progress"], "--output"),
     "perf": (perf, "run", ["--quick"], "--markdown"),
+    "sp-bench": (sp_bench, "run", ["--quick"], "--output"),
+    "sp-bench-plot": (sp_bench, "run", ["--quick"], "--plot"),
+    "explain": (explain, "build_page", [], "--output"),
 }
 
 
@@ -87,7 +96,7 @@ TOOLS = {
 def test_every_tool_refuses_an_unwritable_output_before_measuring(tool, tmp_path, monkeypatch):
     module, measure, args, flag = TOOLS[tool]
     monkeypatch.setattr(module, measure, _never)
-    name = tool.split("-")[0]
+    name = tool.removesuffix("-plot")
     for case, (path, words) in _bad_paths(tmp_path).items():
         res = CliRunner().invoke(cli_main, [name, *args, flag, path])
         assert res.exit_code == 2, (case, res.output)
@@ -150,7 +159,7 @@ def test_a_file_that_appears_during_the_run_gets_the_same_clean_message(tmp_path
 def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
-        from linattn.tools import results
+        from linattn.tools.harness import results
         def slow(tmp):
             tmp.write_text("half a fi")
             print("writing", flush=True)
@@ -289,7 +298,7 @@ def test_write_prints_the_absolute_path(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ what the tools say
 def test_perf_warns_about_missing_peers_before_measuring(monkeypatch):
-    from linattn.tools import perf_peers as pp
+    from linattn.tools.perf import peers as pp
 
     fake = pp.Peer("fla.nothing_here", "linattn_no_such_module", "f", "accumulate", "chunk",
                    lambda fn, inp: fn(inp), "flash-linear-attention")
@@ -306,7 +315,7 @@ def test_perf_warns_about_missing_peers_before_measuring(monkeypatch):
     assert "warning: no peer is installed (fla.nothing_here)" in res.stderr
     assert 'pip install -c constraints.txt ".[peers]"' in res.stderr
     # nothing to warn about when the run compares against no peer
-    assert perf.peer_warning(perf.select(perf.build_cases(perf.QUICK, peers=()), ("decode",))) is None
+    assert perf.peer_warning(work.select(perf.build_cases(work.QUICK, peers=()), ("decode",))) is None
 
 
 def test_recall_explains_its_columns():

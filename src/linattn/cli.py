@@ -8,15 +8,16 @@ import click
 
 # name -> (module, attribute of the click command, one-line help shown by `linattn --help`)
 COMMANDS = {
-    "bench": ("linattn.tools.bench", "command", "Decode step: explicit KV history vs fixed recurrent state."),
+    "bench": ("linattn.tools.bench.cli", "command", "Decode step: explicit KV history vs fixed recurrent state."),
     "explain": ("linattn.tools.explain", "command", "Interactive offline page: linear attention step by step."),
     "lab": ("linattn.tools.lab", "command", "PASS/FAIL checks that prove the mechanism on random inputs."),
     "memory": ("linattn.tools.memory", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
     "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
     "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
-    "sp-bench": ("linattn.tools.sp_bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),
+    "sp-bench": ("linattn.tools.sp.bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),
     "mqar": ("linattn.tools.mqar", "command", "Multi-query associative recall trained per mixer, with decode latency."),
-    "perf": ("linattn.tools.perf", "command", "CPU kernel benchmark against peers and the machine's own rates."),
+    "perf": ("linattn.tools.perf.cli", "command",
+             "Kernels against peers, as fractions of the in-run matmul rate and copy bandwidth, 1 and 2 threads."),
 }
 
 

@@ -23,8 +23,9 @@ from linattn.memory import (
     memory_report,
     plan_from_shapes,
 )
-from linattn.tools import cli_files
-from linattn.tools.results import atomic_write, atomic_write_json
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.plotting import pyplot, save_figure
+from linattn.tools.harness.results import atomic_write_json
 
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 262144, 1048576)
 RESULT_CAVEATS = [
@@ -108,12 +109,9 @@ def _table(report: dict[str, Any]) -> list[str]:
 
 
 def _plot(path: Path, report: dict[str, Any], *, overwrite: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     x = report["crossovers"]
     marks = [v for v in (x["per_layer"], x["hybrid_kv_vs_fixed"]) if v]
     t_max = max(max(r["seq_len"] for r in report["rows"]), 8 * max(marks))
@@ -149,10 +147,7 @@ def _plot(path: Path, report: dict[str, Any], *, overwrite: bool) -> None:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
     fig.tight_layout()
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120), overwrite=overwrite)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, overwrite=overwrite, dpi=120, format="png")
 
 
 def presets_side_by_side(seq_lens=(4096, 131072, 1048576), **settings: Any) -> list[str]:
@@ -210,7 +205,7 @@ def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes:
         raise click.UsageError(str(e)) from None
 
 
-@click.command(name="memory")
+@click.command(name="memory", context_settings=cli_files.CONTEXT)
 @click.option("--preset", type=click.Choice(list_presets()), help="A shipped real model config.")
 @click.option("--config", "config", type=cli_files.FILE, help="HF-style config.json.")
 @click.option("--ignore-unknown-keys", is_flag=True, help="Skip config keys the planner does not know.")
@@ -233,9 +228,9 @@ def _plan(preset: str | None, config: Path | None, ignore_unknown: bool, shapes:
 @click.option("--conv-state/--no-conv-state", default=True, show_default=True, help="Count short-conv buffers.")
 @click.option("--mla-cache", type=click.Choice(["latent", "expanded"]), default="latent", show_default=True)
 @click.option("--seq-len", "seq_lens", type=click.IntRange(min=0), multiple=True, help="Rows of the table.")
-@click.option("--output", type=cli_files.FILE, help="Write the report as JSON.")
-@click.option("--plot", type=cli_files.FILE, help="Write bytes vs T as PNG.")
-@click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
+@cli_files.output_option(help="Write the report as JSON.")
+@cli_files.plot_option(help="Write bytes vs T as PNG.")
+@cli_files.overwrite_option()
 def command(
     preset, config, ignore_unknown_keys, normalizer, batch, state_dtype, kv_dtype, conv_dtype, conv_state,
     mla_cache, seq_lens, output, plot, overwrite, **shapes,

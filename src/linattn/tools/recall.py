@@ -35,8 +35,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import linattn
-from linattn.tools import cli_files
-from linattn.tools.results import atomic_write, atomic_write_json, validate
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.plotting import pyplot, save_figure
+from linattn.tools.harness.results import atomic_write_json, validate
 
 KEY_KINDS = ("orthogonal", "random", "near_duplicate")
 DEFAULT_ALPHAS = (0.9, 0.99, 0.999)
@@ -314,11 +315,7 @@ def explain(records: list[dict[str, Any]], sweep: str) -> str:
 
 def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
     """Four panels: accuracy vs N (random keys, orthogonal keys), vs distance, vs key correlation."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     recs = doc["records"]
     d = doc["config"]["d"]
     mechs = list(dict.fromkeys(r["mechanism"] for r in recs))
@@ -359,10 +356,7 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right center", fontsize=9,
                title="mechanism (a = gate alpha)")
     fig.suptitle(f"associative recall, d = {d}, no training: exact retrievals", fontsize=12)
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110), overwrite=overwrite)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, path, overwrite=overwrite, dpi=110)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -373,7 +367,7 @@ def _floats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[flo
         raise click.BadParameter(f"expected comma-separated numbers, got {value!r}") from None
 
 
-@click.command(name="recall")
+@click.command(name="recall", context_settings=cli_files.CONTEXT)
 @click.option("--d", "d", type=click.IntRange(min=2), default=64, show_default=True, help="Key width (state width).")
 @click.option("--dv", type=click.IntRange(min=1), default=64, show_default=True, help="Value width.")
 @click.option("--alphas", default=",".join(map(str, DEFAULT_ALPHAS)), show_default=True, callback=_floats,
@@ -382,13 +376,22 @@ def _floats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[flo
               help="Expected cosine between near-duplicate keys, in (0, 1).")
 @click.option("--trials", type=click.IntRange(min=1), default=16, show_default=True, help="Sequences per point.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
-@click.option("--plot", "plot_path", type=cli_files.FILE, default=None, help="Write the PNG plot here.")
-@click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def command(d, dv, alphas, similarities, trials, seed, output, plot_path, overwrite, no_progress) -> None:
-    """Associative-recall diagnostic (no training): exact retrievals vs N, distance and key correlation."""
+@cli_files.quick_option(help="Width 16, two trials per point: checks the tool in seconds; its numbers mean "
+                        "nothing.")
+@cli_files.threads_option()
+@cli_files.output_option()
+@cli_files.plot_option(help="Write the PNG plot here.", dest="plot_path")
+@cli_files.overwrite_option()
+@cli_files.no_progress_option()
+@click.pass_context
+def command(ctx, d, dv, alphas, similarities, trials, seed, quick, threads, output, plot_path, overwrite,
+            no_progress) -> None:
+    """Associative-recall diagnostic (no training): exact retrievals vs N, distance and key correlation. Prints
+    the tables; writes files only with -o/--output and --plot."""
     cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
+    cli_files.apply_threads(ctx, threads)
+    small = cli_files.quick_values(ctx, quick, {"d": 16, "dv": 16, "trials": 2})
+    d, dv, trials = small.get("d", d), small.get("dv", dv), small.get("trials", trials)
     try:
         mechanisms(alphas)
     except ValueError as exc:

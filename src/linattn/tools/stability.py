@@ -35,8 +35,9 @@ import linattn
 from linattn import State, reference
 from linattn.api import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
 from linattn.feature_maps import resolve_feature_map
-from linattn.tools import cli_files
-from linattn.tools.results import atomic_write, atomic_write_json, validate
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.plotting import pyplot, save_figure
+from linattn.tools.harness.results import atomic_write_json, validate
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_RULES = RULES
@@ -579,11 +580,7 @@ def _plot_epsilon(ax, eps: dict[str, Any]) -> None:
 
 def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
     """Error vs length per dtype (log-log, one panel per rule) and the epsilon trade-off, as one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rules, dtypes = doc["config"]["rules"], doc["config"]["dtypes"]
     ncol = 3
     nrow = math.ceil((len(rules) + 2) / ncol)
@@ -615,10 +612,7 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     for ax in flat[len(rules) + 2:]:
         ax.axis("off")
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110), overwrite=overwrite)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, path, overwrite=overwrite, dpi=110)
 
 
 def _fmt(x: float | None) -> str:
@@ -675,7 +669,7 @@ def _list(kind: type):
     return parse
 
 
-@click.command(name="stability")
+@click.command(name="stability", context_settings=cli_files.CONTEXT)
 @click.option("--rule", "rules", type=click.Choice(RULES), multiple=True, default=DEFAULT_RULES, show_default=True,
               help="Update rule (repeat for several).")
 @click.option("--form", default="chunk", show_default=True, help="Form to test (see linattn.supported_forms).")
@@ -693,14 +687,24 @@ def _list(kind: type):
 @click.option("--rescale-dtype", type=click.Choice(list(DTYPES)), default="float16", show_default=True,
               help="Dtype of the state-rescaling check.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=cli_files.FILE, default=None, help="Write the JSON result here.")
-@click.option("--plot", "plot_path", type=cli_files.FILE, default=None, help="Write the PNG plot here.")
-@click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
-def command(rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, heads, dim, full_grid, rescale_dtype, seed,
-            output, plot_path, overwrite, no_progress) -> None:
-    """Low-precision error against float64 over lengths, input scales and chunk sizes; epsilon; rescaling."""
+@cli_files.quick_option(help="Two lengths, one scale, two dtypes: checks the tool in seconds; its numbers mean "
+                        "nothing.")
+@cli_files.threads_option()
+@cli_files.output_option()
+@cli_files.plot_option(help="Write the PNG plot here.", dest="plot_path")
+@cli_files.overwrite_option()
+@cli_files.no_progress_option()
+@click.pass_context
+def command(ctx, rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, heads, dim, full_grid, rescale_dtype,
+            seed, quick, threads, output, plot_path, overwrite, no_progress) -> None:
+    """Low-precision error against float64 over lengths, input scales and chunk sizes; epsilon; rescaling.
+    Prints a summary; writes files only with -o/--output and --plot."""
     cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
+    cli_files.apply_threads(ctx, threads)
+    small = cli_files.quick_values(ctx, quick, {"lengths": (64, 256), "scales": (1.0,), "chunk_sizes": (16, 64),
+                                               "dtypes": ("float32", "bfloat16")})
+    lengths, scales = small.get("lengths", lengths), small.get("scales", scales)
+    chunk_sizes, dtypes = small.get("chunk_sizes", chunk_sizes), small.get("dtypes", dtypes)
     for rule in rules:
         if form not in linattn.supported_forms(rule):
             raise click.BadParameter(f"rule {rule!r} has no form {form!r}", param_hint="--form")

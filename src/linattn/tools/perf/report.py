@@ -1,13 +1,11 @@
-"""Reading a ``linattn perf`` run: side-by-side speedups, the targets of issue 5, and the Markdown tables."""
+"""Reading a ``linattn perf`` run: side-by-side speedups, thread scaling, the targets, and the Markdown tables."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from linattn.tools import perf_peers as pp
-
-if TYPE_CHECKING:
-    from linattn.tools.perf import PerfConfig
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf.work import CPU_IMPL, PerfConfig
 
 GROUPS = ("fwd", "fwdbwd", "recurrent", "decode")
 
@@ -67,7 +65,7 @@ def _why_missing(r: dict | None) -> str:
 
 
 def evaluate_targets(results: list[dict], rates: dict, cfg: PerfConfig, checks: list[dict]) -> list[dict]:
-    """The issue's targets, judged on this run's numbers at ``cfg.target`` (and ``cfg.long`` for growth)."""
+    """The speed targets, judged on one pass's numbers at ``cfg.target`` (and ``cfg.long`` for growth)."""
     B, T = cfg.target
     Bl, Tl = cfg.long
     bad_peers = {c["peer"] for c in checks if c["status"] == "MISMATCH"}
@@ -134,15 +132,12 @@ def evaluate_targets(results: list[dict], rates: dict, cfg: PerfConfig, checks: 
     return out + _cpu_kernel_targets(results, rates, cfg)
 
 
-CPU_IMPL = "linattn.cpu"
-
-
 def _ok(r: dict | None) -> bool:
     return r is not None and r["status"] == "ok"
 
 
 def _cpu_kernel_targets(results: list[dict], rates: dict, cfg: PerfConfig) -> list[dict]:
-    """Issue 12's targets for the compiled CPU kernels (``impl == "linattn.cpu"``), judged on this run."""
+    """The targets of the compiled CPU kernels (``impl == "linattn.cpu"``), judged on one pass."""
     B, T = cfg.target
     out = []
     for variant, other, thr in (("delta", "linattn", 3.0), ("gated_delta", "linattn", 3.0),
@@ -172,6 +167,53 @@ def _cpu_kernel_targets(results: list[dict], rates: dict, cfg: PerfConfig) -> li
     return out
 
 
+# --- thread scaling -----------------------------------------------------------------------------------------------
+
+
+def thread_scaling(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every case measured (ok) at the fewest and at the most threads of the run: ``speedup`` = time at the
+    fewest / time at the most (above 1: more threads help), and both passes' fractions of their own rates."""
+    if len(runs) < 2:
+        return []
+    lo, hi = min(runs, key=lambda r: r["threads"]), max(runs, key=lambda r: r["threads"])
+    if lo["threads"] == hi["threads"]:
+        return []
+    at_hi = {c["name"]: c for c in hi["cases"] if c["status"] == "ok"}
+    out = []
+    for a in lo["cases"]:
+        b = at_hi.get(a["name"])
+        if a["status"] != "ok" or b is None:
+            continue
+        out.append({"name": a["name"], "group": a["group"], "variant": a["variant"], "impl": a["impl"],
+                    "shape": a["shape"], "threads": [lo["threads"], hi["threads"]],
+                    "median_ms": [a["median_ms"], b["median_ms"]], "speedup": a["median_ms"] / b["median_ms"],
+                    "frac_matmul": [a["frac_matmul"], b["frac_matmul"]],
+                    "frac_copy": [a.get("frac_copy"), b.get("frac_copy")]})
+    return out
+
+
+def scaling_targets(scaling: list[dict[str, Any]], cfg: PerfConfig) -> list[dict[str, Any]]:
+    """From 1 to 2 threads: the compiled delta-rule prefills gain at least 1.85x, and no compiled decode step is
+    slower with more threads (worst shown). Not measured unless the run had both 1 and 2 threads."""
+    by = {s["name"]: s for s in scaling if s["threads"] == [1, 2]}
+    B, T = cfg.target
+    out = []
+    for variant in ("delta", "gated_delta"):
+        r = by.get(f"fwd/{variant}/{CPU_IMPL}/B{B}_T{T}")
+        out.append(_target(f"scaling_fwd_{variant}", f"{variant} compiled forward, 1 -> 2 threads: >= 1.85x", 1.85,
+                           None if r is None else r["speedup"], "x",
+                           "not run at 1 and 2 threads" if r is None else
+                           f"{r['median_ms'][0]:.3g} ms -> {r['median_ms'][1]:.3g} ms"))
+    for Bd in cfg.decode_batches:
+        vals = {v: r["speedup"] for v in pp.VARIANTS if (r := by.get(f"decode/{v}/{CPU_IMPL}/B{Bd}")) is not None}
+        missing = [v for v in pp.VARIANTS if v not in vals]
+        worst = min(vals, key=vals.get) if vals else None
+        out.append(_target(f"scaling_decode_b{Bd}", f"compiled decode step at batch {Bd}, 1 -> 2 threads: never "
+                           "slower (worst shown)", 1.0, None if missing or worst is None else vals[worst], "x",
+                           _detail((f"{v} {x:.2f}x" for v, x in vals.items()), missing)))
+    return out
+
+
 # --- Markdown ------------------------------------------------------------------------------------------------------
 
 
@@ -179,80 +221,114 @@ def _f(x: float | None, fmt: str = ".3g") -> str:
     return "" if x is None else format(x, fmt)
 
 
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.0%}"
+
+
 def _mib(x: int | None) -> str:
     return "" if x is None else f"{x / 2**20:.1f}"
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    """The result document as Markdown: machine line, targets, cross-check, one table per group."""
-    env, m = doc["environment"], doc["machine"]
-    cfg = doc["config"]
-    lines = [
-        "# linattn CPU kernel benchmark" + (" (quick smoke configuration)" if cfg["quick"] else ""),
-        "",
-        f"{env['cpu']}, {env['torch_threads']} torch threads, torch {env['versions']['torch']}, "
-        f"created {doc['created']}, {doc['elapsed_s']:.0f} s, load average before {env['loadavg_before'][0]:.2f}. "
-        f"H={cfg['H']}, D={cfg['D']}, float32.",
-        "",
-    ]
-    others = env["others_cpu_cores"]
-    if others is not None and others > 0.2 * (env["cores"] or 1):
-        lines += [f"**Warning:** other processes kept {others:.2f} of {env['cores']} cores busy on average during "
-                  "this run; they competed for the CPU and these timings are not representative.", ""]
-    lines += [
-        f"Machine, same run: float32 matmul {m['matmul']['n']}^2 {m['matmul']['gflops']:.1f} GFLOP/s; "
-        f"copy {m['copy']['bytes_per_side'] / 2**20:.0f} MiB {m['copy']['gbps']:.1f} GB/s "
-        f"(at decode-state size {m['copy_state_size']['bytes_per_side'] / 2**20:.1f} MiB: "
-        f"{m['copy_state_size']['gbps']:.1f} GB/s).",
-        "",
-        "## Targets",
-        "",
-        "| target | threshold | measured | status | detail |",
-        "|---|---|---|---|---|",
-    ]
-    for t in doc["targets"]:
+def _targets_table(targets: list[dict[str, Any]]) -> list[str]:
+    lines = ["| target | threshold | measured | status | detail |", "|---|---|---|---|---|"]
+    for t in targets:
         val = t["value"]
         unit = {"fraction": "{:.0%}", "ms": "{:.4f} ms"}.get(t["unit"], "{:.2f}x")
         shown = "" if val is None else unit.format(val)
         thr = unit.replace(".4f", "g").replace(".2f", "g").format(t["threshold"])
         lines.append(f"| {t['description']} | {t['comparison']} {thr} | {shown} | **{t['status']}** | {t['detail']} |")
+    return lines
+
+
+TITLES = {"fwd": "Chunk forward", "fwdbwd": "Chunk forward+backward (autograd, grads of q, k, v, g, beta)",
+          "recurrent": "Recurrent form (token loop; run at the recurrent shapes only)",
+          "decode": "Decode step (inplace=True)"}
+
+
+def _pass(run: dict[str, Any], cores: int | None) -> list[str]:
+    """One thread count: its rates, targets and one table per group."""
+    m, n = run["machine"], run["threads"]
+    load = run["loadavg_before"]
+    lines = ["", f"## {n} thread{'s' if n > 1 else ''}", "",
+             f"Rates at {n} thread{'s' if n > 1 else ''}, same run: float32 matmul {m['matmul']['n']}^2 "
+             f"{m['matmul']['gflops']:.1f} GFLOP/s; copy {m['copy']['bytes_per_side'] / 2**20:.0f} MiB "
+             f"{m['copy']['gbps']:.1f} GB/s (at decode-state size {m['copy_state_size']['bytes_per_side'] / 2**20:.1f}"
+             f" MiB: {m['copy_state_size']['gbps']:.1f} GB/s). Load average before: "
+             f"{'unknown' if load is None else f'{load[0]:.2f}'}; {run['elapsed_s']:.0f} s."]
+    others = run["others_cpu_cores"]
+    if others is not None and others > 0.2 * (cores or 1):
+        lines += ["", f"**Warning:** other processes kept {others:.2f} of {cores} cores busy on average during "
+                  "this pass; they competed for the CPU and these timings are not representative."]
+    lines += ["", f"### Targets at {n} thread{'s' if n > 1 else ''}", "", *_targets_table(run["targets"])]
+    for group in GROUPS:
+        rows = [r for r in run["cases"] if r["group"] == group]
+        if not rows:
+            continue
+        lines += ["", f"### {TITLES[group]}, {n} thread{'s' if n > 1 else ''}", ""]
+        if group == "decode":
+            lines += ["| variant | impl | B | us/step | tokens/s | GB/s moved | % copy | % matmul | peak MiB |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                head = f"| {r['variant']} | {r['impl']} | {r['shape']['B']} |"
+                if r["status"] != "ok":
+                    lines.append(f"{head} {r['status']}: {r['reason']} | | | | | |")
+                    continue
+                lines.append(f"{head} {r['median_ms'] * 1e3:.1f} | {r['tokens_per_s']:.3g} | {r['gbps']:.2f} | "
+                             f"{_pct(r['frac_copy'])} | {_pct(r['frac_matmul'])} | {_mib(r['peak_mem_bytes'])} |")
+            continue
+        lines += ["| variant | impl | B | T | median ms | tokens/s | GFLOP/s | % matmul | % copy | peak MiB | "
+                  "linattn speedup |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            head = f"| {r['variant']} | {r['impl']} | {r['shape']['B']} | {r['shape']['T']} |"
+            if r["status"] != "ok":
+                lines.append(f"{head} {r['status']}: {r['reason']} | | | | | | |")
+                continue
+            sp = r.get("linattn_speedup")
+            lines.append(f"{head} {r['median_ms']:.3g} | {r['tokens_per_s']:.3g} | {r['gflops']:.1f} | "
+                         f"{_pct(r['frac_matmul'])} | {_pct(r.get('frac_copy'))} | {_mib(r['peak_mem_bytes'])} | "
+                         f"{'' if sp is None else f'{sp:.2f}x'} |")
+    return lines
+
+
+def _scaling(doc: dict[str, Any]) -> list[str]:
+    rows = doc["scaling"]
+    if not rows:
+        return []
+    a, b = rows[0]["threads"]
+    lines = ["", f"## Thread scaling: {a} -> {b} threads", "",
+             f"speedup = time at {a} / time at {b} (above 1: the extra threads help). Fractions are of each pass's "
+             "own matmul rate and copy bandwidth.", "", *_targets_table(doc["scaling_targets"]), "",
+             f"| case | ms at {a} | ms at {b} | speedup | % matmul at {a} | % matmul at {b} | % copy at {a} | "
+             f"% copy at {b} |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        (ma, mb), (fa, fb), (ca, cb) = r["median_ms"], r["frac_matmul"], r["frac_copy"]
+        lines.append(f"| {r['name']} | {ma:.3g} | {mb:.3g} | {r['speedup']:.2f}x | {_pct(fa)} | {_pct(fb)} | "
+                     f"{_pct(ca)} | {_pct(cb)} |")
+    return lines
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The result document as Markdown: machine line, cross-check, each thread count's rates, targets and tables,
+    then the thread-scaling table."""
+    env, cfg = doc["environment"], doc["config"]
+    threads = ", ".join(str(r["threads"]) for r in doc["runs"])
+    lines = [
+        "# linattn CPU kernel benchmark" + (" (quick smoke configuration)" if cfg["quick"] else ""),
+        "",
+        f"{env['cpu']}, {env['cores']} cores, torch threads {threads}, torch {env['versions']['torch']}, "
+        f"created {doc['created']}, {doc['elapsed_s']:.0f} s. H={cfg['H']}, D={cfg['D']}, float32. Every kernel "
+        "is shown as a fraction of the float32 matmul rate (GFLOP/s over the fixed FLOP count) and of the copy "
+        "bandwidth (bytes it must move over time), both measured in the same pass.",
+    ]
     if doc["crosscheck"]:
         lines += ["", "## Cross-check: each peer vs linattn on the same inputs", "",
                   "| peer | variant | form | max abs diff | rel diff | status |", "|---|---|---|---|---|---|"]
         for c in doc["crosscheck"]:
             lines.append(f"| {c['peer']} | {c['variant']} | {c['form']} | {_f(c['max_abs_diff'], '.2e')} | "
                          f"{_f(c['rel_diff'], '.2e')} | {c['status']} |")
-    titles = {"fwd": "Chunk forward", "fwdbwd": "Chunk forward+backward (autograd, grads of q, k, v, g, beta)",
-              "recurrent": "Recurrent form (token loop; run at the recurrent shapes only)",
-              "decode": "Decode step (inplace=True)"}
-    for group in GROUPS:
-        rows = [r for r in doc["cases"] if r["group"] == group]
-        if not rows:
-            continue
-        lines += ["", f"## {titles[group]}", ""]
-        if group == "decode":
-            lines += ["| variant | impl | B | us/step | tokens/s | GB/s moved | % copy bw | peak MiB |",
-                      "|---|---|---|---|---|---|---|---|"]
-            for r in rows:
-                head = f"| {r['variant']} | {r['impl']} | {r['shape']['B']} |"
-                if r["status"] != "ok":
-                    lines.append(f"{head} {r['status']}: {r['reason']} | | | | |")
-                    continue
-                lines.append(f"{head} {r['median_ms'] * 1e3:.1f} | "
-                             f"{r['tokens_per_s']:.3g} | {r['gbps']:.2f} | {r['frac_copy']:.0%} | "
-                             f"{_mib(r['peak_mem_bytes'])} |")
-            continue
-        lines += ["| variant | impl | B | T | median ms | tokens/s | GFLOP/s | % matmul | peak MiB | linattn speedup |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            head = f"| {r['variant']} | {r['impl']} | {r['shape']['B']} | {r['shape']['T']} |"
-            if r["status"] != "ok":
-                lines.append(f"{head} {r['status']}: {r['reason']} | | | | | |")
-                continue
-            sp = r.get("linattn_speedup")
-            sp_text = "" if sp is None else f"{sp:.2f}x"
-            lines.append(f"{head} {r['median_ms']:.3g} | {r['tokens_per_s']:.3g} | {r['gflops']:.1f} | "
-                         f"{r['frac_matmul']:.0%} | {_mib(r['peak_mem_bytes'])} | {sp_text} |")
+    for run in doc["runs"]:
+        lines += _pass(run, env["cores"])
+    lines += _scaling(doc)
     lines += ["", "linattn speedup = that row's time / linattn's time for the same variant and shape (softmax rows: "
               "vs linattn accumulate). linattn is the torch form (backend='torch'), linattn.cpu the compiled kernel "
               "(backend='cpu': forward, forward + its compiled backward, and decode). FLOP and byte counts: "

@@ -2,9 +2,11 @@
 
 This module is the command line and the run itself; the parts live next to it:
 
-* :mod:`linattn.tools.bench_plan`: the run's parameters (:class:`Plan`), byte counts, dry-run checks, hardware;
-* :mod:`linattn.tools.bench_workload`: token stream, the two decode paths, timing, memory, float64 check;
-* :mod:`linattn.tools.bench_report`: result document, decision, table and plot.
+* :mod:`linattn.tools.bench.plan`: the run's parameters (:class:`Plan`), byte counts, dry-run checks, hardware;
+* :mod:`linattn.tools.bench.workload`: token stream, the two decode paths, timing, memory, float64 check;
+* :mod:`linattn.tools.bench.report`: result document, decision, table and plot.
+
+Unlike the other tools, ``linattn bench`` always writes its result file (a run is evidence); ``-o`` picks the name.
 
 ``linattn bench`` measures and writes a result file; ``linattn bench show FILE...`` prints saved results side
 by side and can plot them. docs/bench.md explains what is measured and how.
@@ -23,11 +25,14 @@ import click
 import torch
 
 import linattn
-from linattn.tools import bench_plan as bp
-from linattn.tools import bench_report, bench_workload, cli_files, profiling, results
-from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, DTYPES, Plan
-from linattn.tools.bench_report import SCHEMA, format_table, plot_results
-from linattn.tools.profiling import BusyMeter
+from linattn.tools.bench import plan as bp
+from linattn.tools.bench import report as bench_report
+from linattn.tools.bench import workload as bench_workload
+from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, DTYPES, Plan
+from linattn.tools.bench.report import SCHEMA, format_table, plot_results
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness import machine, results
+from linattn.tools.harness.machine import BusyMeter
 
 # On machines with at most this many cores the CPU run uses one torch thread unless --threads says otherwise.
 SMALL_MACHINE_CORES = 4
@@ -149,7 +154,7 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
         raise click.UsageError(str(exc)) from None
 
 
-@click.group(invoke_without_command=True, context_settings={"show_default": True})
+@click.group(invoke_without_command=True, context_settings=cli_files.CONTEXT)
 @click.option(
     "--sequence-lengths",
     default="512,2048,8192",
@@ -193,21 +198,19 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
     callback=_label_option,
     help="Names the result file; default <device>-<UTC time>, e.g. cpu-20250101T120000Z.",
 )
-@click.option(
-    "--output",
-    default=None,
-    type=cli_files.FILE,
-    help="Result file; default benchmarks/results/<workload-id>_<run-label>.json under the current folder.",
+@cli_files.output_option(
+    help="Result file (bench always writes one).", show_default="benchmarks/results/<workload-id>_<run-label>.json "
+    "under the current folder",
 )
 @click.option("--semantic-id", default="ARCH-RECURRENT-STATE-MECHANISM", callback=_label_option)
 @click.option("--workload-id", default="arch-linear-recurrence-v2", callback=_label_option)
 @click.option("--profile-id", default=None, callback=_label_option, help="Default <device>-<dtype>.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing result file (and plot).")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@cli_files.overwrite_option()
+@cli_files.quick_option(help="History lengths 64 and 256, 20 timed steps: checks the tool in seconds; its numbers "
+                        "mean nothing (the result file says so in its plan).")
+@cli_files.no_progress_option()
 @click.option("--dry-run", is_flag=True, help="Check the device, dtypes and memory and print the plan; write nothing.")
-@click.option(
-    "--plot", default=None, type=cli_files.FILE, help="Also draw the result to this PNG."
-)
+@cli_files.plot_option(help="Also draw the result to this PNG.")
 @click.pass_context
 def command(ctx: click.Context, **opts: Any) -> None:
     """Decode step: explicit KV history vs fixed recurrent state, measured, recorded, plotted.
@@ -216,6 +219,7 @@ def command(ctx: click.Context, **opts: Any) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    opts |= cli_files.quick_values(ctx, opts["quick"], {"sequence_lengths": (64, 256), "warmup": 2, "repeats": 20})
     cuda_available = torch.cuda.is_available()
     device = bp.resolve_device(opts["device"], cuda_available)
     plan = _plan_from_options(opts, device)
@@ -253,8 +257,8 @@ def command(ctx: click.Context, **opts: Any) -> None:
         "created_utc": f"{now:%Y-%m-%dT%H:%M:%SZ}",
         "linattn_version": linattn.__version__,
     }
-    others_before = profiling.others_busy_now()
-    early = profiling.busy_reason(others_before, os.cpu_count(), torch.get_num_threads())
+    others_before = machine.others_busy_now()
+    early = machine.busy_reason(others_before, os.cpu_count(), torch.get_num_threads())
     if early:
         click.echo(f"warning: the machine is busy ({early}); timings may not be representative", err=True)
     doc = run(
@@ -263,7 +267,7 @@ def command(ctx: click.Context, **opts: Any) -> None:
         progress=not opts["no_progress"],
         threads_source=threads_source,
         others_before=others_before,
-        loadavg_before=profiling.load_info()["loadavg"],
+        loadavg_before=machine.load_info()["loadavg"],
     )
     click.echo(format_table([doc]))
     cli_files.write(
@@ -280,15 +284,10 @@ def command(ctx: click.Context, **opts: Any) -> None:
         ctx.exit(1)
 
 
-@command.command("show")
+@command.command("show", context_settings=cli_files.CONTEXT)
 @click.argument("files", nargs=-1, required=True, type=cli_files.FILE)
-@click.option(
-    "--plot",
-    default=None,
-    type=cli_files.FILE,
-    help="Draw state bytes and step time against L (log-log) to this PNG.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace an existing plot file.")
+@cli_files.plot_option(help="Draw state bytes and step time against L (log-log) to this PNG.")
+@cli_files.overwrite_option()
 def show(files: tuple[Path, ...], plot: Path | None, overwrite: bool) -> None:
     """Print saved result files side by side; optionally plot them."""
     cli_files.check_outputs(overwrite, {"--plot": plot})

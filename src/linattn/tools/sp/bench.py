@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import platform
 import socket
 import statistics
 import tempfile
@@ -26,7 +25,11 @@ import click
 import torch
 
 import linattn
-from linattn.tools.results import atomic_write, refuse_existing, write_result
+from linattn.tools.harness import cli as hcli
+from linattn.tools.harness import machine
+from linattn.tools.harness.plotting import pyplot, save_figure
+from linattn.tools.harness.results import write_result
+from linattn.tools.harness.timer import time_call, time_turns
 
 SCHEMA = "sp_bench"
 MODEL_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -76,16 +79,6 @@ def _wchar() -> int:
     raise OSError("no wchar in /proc/self/io")
 
 
-def _timed(fn, repeats: int) -> list[float]:
-    fn()  # warm-up
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def _fwd_bwd(call, inp, chunk_size: int = 64):
     def run():
         o, _ = call(inp["q"], inp["k"], inp["v"], chunk_size=chunk_size, **inp["kw"])
@@ -132,16 +125,13 @@ def _worker(rank: int, world: int, port: int, cfg: SpConfig, path: str) -> None:
                 else (lambda: None),
             }
             # Wall time, and the CPU time of this process (all its threads, gloo's included): on a machine shared
-            # with other jobs the CPU time is what a rank would take with a core of its own.
-            times: dict[str, list[float]] = {key: [] for name in calls for key in (name, name + "_cpu")}
-            for rep in range(cfg.repeats + 1):
-                for name, call in calls.items():
-                    dist.barrier()
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    call()
-                    if rep:
-                        times[name].append(time.perf_counter() - t0)
-                        times[name + "_cpu"].append(time.process_time() - c0)
+            # with other jobs the CPU time is what a rank would take with a core of its own. The calls take turns,
+            # each after a barrier; the first round is a warm-up.
+            timings = time_turns(list(calls.values()), repeats=cfg.repeats, warmup=1, before=dist.barrier,
+                                 cpu_time=True)
+            times: dict[str, list[float]] = {}
+            for name, t in zip(calls, timings, strict=True):
+                times[name], times[name + "_cpu"] = list(t.samples_s), list(t.cpu_samples_s)
             row = {"rule": rule, "T": T, "T_rank": Tr, **times}
             # Bytes: one forward without autograd, then one forward and one backward with it, each measured alone.
             dist.barrier()
@@ -196,7 +186,7 @@ def _compose_step_s(rule: str, cfg: SpConfig, repeats: int) -> float:
         fn = lambda: a.exp()[..., None, None] * S + S  # noqa: E731
     else:
         fn = lambda: S + S  # noqa: E731
-    return statistics.median(_timed(fn, repeats * 20))
+    return time_call(fn, repeats=repeats * 20).median_s
 
 
 def run(cfg: SpConfig) -> dict[str, Any]:
@@ -246,10 +236,10 @@ def run(cfg: SpConfig) -> dict[str, Any]:
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()},
         "environment": {
-            "cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads_per_process": 1, "backend": "gloo",
+            "cpu": machine.processor_name(), "cores": os.cpu_count(), "torch_threads_per_process": 1, "backend": "gloo",
             "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg()), "torch": torch.__version__,
             "linattn": linattn.__version__,
-            "note": "2 cores shared with other jobs (see loadavg): wall times include waiting for a core; the *_cpu_ms "
+            "note": "with more ranks than free cores (see loadavg) wall times include waiting for a core; the *_cpu_ms "
                     "fields (process CPU time, all threads) are what a rank with a core of its own would take",
         },
         "rows": rows,
@@ -320,16 +310,6 @@ def _model(cfg: SpConfig, rows: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def table(doc: dict[str, Any]) -> str:
     W = doc["config"]["ranks"]
     lines = [f"| rule | T | fwd ms: 1 process / {W} ranks (speedup) | fwd CPU ms: 1 process / slowest rank (speedup) | "
@@ -346,13 +326,9 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(doc: dict[str, Any], path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+def plot_figure(doc: dict[str, Any], path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Bytes per rank and CPU time against T (measured), and the model's bytes and times against W."""
+    fig, axes = pyplot().subplots(2, 2, figsize=(13, 9))
     axes = axes.ravel()
     ax = axes[0]
     for rule in doc["checks"]:
@@ -391,10 +367,7 @@ def plot(doc: dict[str, Any], path: str | os.PathLike, *, overwrite: bool = Fals
            title=f"model: compute (dotted) + composition + comm\n{m['link_GBps']} GB/s, {m['latency_us']} us links")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100), overwrite=overwrite)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, path, overwrite=overwrite, dpi=100)
 
 
 def _ints(ctx, param, value):
@@ -404,23 +377,22 @@ def _ints(ctx, param, value):
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
 
 
-@click.command(name="sp-bench")
-@click.option("--ranks", type=click.IntRange(min=1, max=64), default=2, show_default=True,
+@click.command(name="sp-bench", context_settings=hcli.CONTEXT)
+@click.option("--ranks", type=click.IntRange(min=1, max=64), default=2,
               help="Local gloo processes (one torch thread each).")
-@click.option("--lengths", default="4096,16384,65536", show_default=True, callback=_ints,
+@click.option("--lengths", default="4096,16384,65536", callback=_ints,
               help="Whole-sequence lengths T, split evenly across the ranks.")
-@click.option("--rules", default="accumulate,gated,delta,gated_delta", show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--dim", type=click.IntRange(min=1), default=64, show_default=True, help="Key and value width.")
-@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--quick", is_flag=True, help="Tiny shapes, two rules (a smoke run).")
-@click.option("--output", type=click.Path(dir_okay=False), default="benchmarks/results/sp_bench_cpu.json",
-              show_default=True)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="PNG path (default: the output with .png).")
-@click.option("--overwrite", is_flag=True, help="Replace existing result files.")
-def command(ranks, lengths, rules, heads, dim, repeats, quick, output, plot_path, overwrite) -> None:
-    """Sequence parallelism: N gloo processes vs one, bytes per rank, and a model of 8-1024 ranks."""
+@click.option("--rules", default="accumulate,gated,delta,gated_delta", help="Update rules, comma-separated.")
+@click.option("--heads", type=click.IntRange(min=1), default=4, help="Heads H.")
+@click.option("--dim", type=click.IntRange(min=1), default=64, help="Key and value width.")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, help="Timed rounds per length.")
+@hcli.quick_option(help="Tiny shapes, two rules: checks the tool in seconds; its numbers mean nothing.")
+@hcli.output_option()
+@hcli.plot_option(help="Draw bytes, times and the model to this PNG.")
+@hcli.overwrite_option()
+def command(ranks, lengths, rules, heads, dim, repeats, quick, output, plot, overwrite) -> None:
+    """Sequence parallelism: N gloo processes vs one, bytes per rank, and a model of 8-1024 ranks. Prints the
+    table; writes files only with -o/--output and --plot."""
     rule_names = tuple(r for r in rules.split(",") if r)
     bad = [r for r in rule_names if r not in linattn.RULES]
     if bad or not rule_names:
@@ -430,14 +402,15 @@ def command(ranks, lengths, rules, heads, dim, repeats, quick, output, plot_path
                                  param_hint="--lengths")
     cfg = QUICK if quick else SpConfig(lengths=lengths, rules=rule_names, H=heads, D=dim, repeats=repeats)
     cfg = SpConfig(**(asdict(cfg) | {"ranks": ranks, "lengths": tuple(cfg.lengths), "rules": tuple(cfg.rules)}))
-    plot_path = plot_path or str(Path(output).with_suffix(".png"))
-    for p in (output, plot_path):
-        refuse_existing(p, overwrite=overwrite)
+    hcli.check_outputs(overwrite, {"--output": output, "--plot": plot})  # before minutes of measuring
     doc = run(cfg)
     click.echo(table(doc))
     for rule, c in doc["checks"].items():
         click.echo(f"{rule}: bytes vs formula excess fwd {c['excess_fwd_bytes']} bwd {c['excess_bwd_bytes']}, "
                    f"spread over T {c['fwd_bytes_spread_over_T']} -> {'ok' if c['ok'] else 'CHECK FAILED'}")
-    click.echo(f"wrote {write_result(doc, output, SCHEMA, overwrite=overwrite)}")
-    click.echo(f"wrote {plot(doc, plot_path, overwrite=overwrite)}")
+    if output is not None:
+        hcli.write("--output", lambda p, overwrite: write_result(doc, p, SCHEMA, overwrite=overwrite), output,
+                   overwrite=overwrite)
+    if plot is not None:
+        hcli.write("--plot", lambda p, overwrite: plot_figure(doc, p, overwrite=overwrite), plot, overwrite=overwrite)
     click.echo(f"({doc['elapsed_s']:.1f} s)")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn import memory
+from linattn.tools.harness.machine import device_name, processor_name
 
 BASELINE = "explicit_kv_history"
 CANDIDATE_PATHS = {
@@ -269,27 +270,12 @@ def preflight(
 
 
 # ------------------------------------------------------------------------------------------- hardware
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def device_name(device: str) -> str:
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return _cpu_model()
-
-
 def hardware_info(device: str) -> dict[str, Any]:
     cuda = device == "cuda" and torch.cuda.is_available()
     return {
         "device": device,
         "device_name": device_name(device),
-        "cpu_model": _cpu_model(),
+        "cpu_model": processor_name(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

@@ -11,7 +11,6 @@ state ``(S, z)`` after the same L-1 history tokens (prefilled with ``linattn.lin
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, DTYPES, FEATURES, MIB, Plan, rule_extras
-from linattn.tools.profiling import cpu_peak_bytes
+from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, DTYPES, FEATURES, MIB, Plan, rule_extras
+from linattn.tools.harness.peak import cpu_peak_bytes
+from linattn.tools.harness.timer import Timing, time_batch, time_turns
 
 # Absolute tolerance on the state path's output (values of size ~1) against float64, set by the coarsest dtype
 # in play: inputs and the feature map run in --dtype, the recurrence in --state-dtype.
@@ -183,14 +183,9 @@ def cpu_transient_peak(step: Callable[[], torch.Tensor], steps: int = 3) -> int 
     return cpu_peak_bytes(step, calls=steps)
 
 
-def _stats_ms(samples_ms: Sequence[float]) -> dict[str, float]:
-    arr = np.asarray(samples_ms, dtype=np.float64)
-    return {
-        "mean_step_ms": float(arr.mean()),
-        "median_step_ms": float(np.median(arr)),
-        "p90_step_ms": float(np.percentile(arr, 90)),
-        "min_step_ms": float(arr.min()),
-    }
+def _stats_ms(t: Timing) -> dict[str, float]:
+    return {"mean_step_ms": t.mean_s * 1e3, "median_step_ms": t.median_s * 1e3, "p90_step_ms": t.quantile(0.9) * 1e3,
+            "min_step_ms": t.min_s * 1e3}
 
 
 def time_cpu(
@@ -200,71 +195,49 @@ def time_cpu(
     tick: Callable[[], None],
     block: int = 10,
 ):
-    """Each path's warmup, then the timed steps in blocks of ``block`` per path, the paths taking turns. Turns
-    spread a load change on a shared machine over every path alike; blocks keep each path's own data in cache
-    (stepping round robin one step at a time would time the small state always cold, after the KV cache has
-    streamed through the caches). Returns per path (stats, first output, all outputs finite)."""
+    """Each path's warmup, then the timed steps in blocks of ``block`` per path, the paths taking turns (the
+    harness timer's :func:`time_turns`). Turns spread a load change on a shared machine over every path alike;
+    blocks keep each path's own data in cache (stepping round robin one step at a time would time the small state
+    always cold, after the KV cache has streamed through the caches). Returns per path (stats, first output, all
+    outputs finite)."""
     n = len(steps)
     firsts: list[torch.Tensor | None] = [None] * n
     finite = [True] * n
-    samples: list[list[float]] = [[] for _ in range(n)]
 
-    def one(j: int, timed: bool) -> None:
-        t0 = time.perf_counter_ns()
-        o = steps[j]()
-        t1 = time.perf_counter_ns()
-        if timed:
-            samples[j].append((t1 - t0) / 1e6)
+    def observe(j: int, o: torch.Tensor) -> None:
         if firsts[j] is None:
             firsts[j] = o
         finite[j] = finite[j] and bool(torch.isfinite(o).all())
         tick()
 
-    for j in range(n):
-        for _ in range(warmup):
-            one(j, timed=False)
-    for start in range(0, repeats, block):
-        for j in range(n):
-            for _ in range(min(block, repeats - start)):
-                one(j, timed=True)
-    return [(_stats_ms(samples[j]), firsts[j], finite[j]) for j in range(n)]
+    timings = time_turns(steps, repeats=repeats, warmup=warmup, block=block, observe=observe)
+    return [(_stats_ms(timings[j]), firsts[j], finite[j]) for j in range(n)]
 
 
 def time_cuda(step: Callable[[], torch.Tensor], warmup: int, repeats: int, tick: Callable[[], None]):
-    """CUDA events: a batch of repeats for the mean, then per-step pairs for the spread. Finite flags stay on the
-    device until the end so that checking them adds no synchronization inside the timed loops."""
-    flags, first = [], None
+    """CUDA events through the harness timer: a batch of repeats for the mean, then per-step events for the
+    spread. Finite flags stay on the device until the end so that checking them adds no synchronization inside
+    the timed loops."""
+    flags: list[torch.Tensor] = []
+    first: list[torch.Tensor] = []
+
+    def observe(_: int, o: torch.Tensor) -> None:
+        if not first:
+            first.append(o)
+        flags.append(torch.isfinite(o).all())
+        tick()
+
     for _ in range(warmup):
-        o = step()
-        first = o if first is None else first
-        flags.append(torch.isfinite(o).all())
-        tick()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        o = step()
-        if first is None:  # warmup 0: the check still needs the output of the very first step
-            first = o
-    end.record()
-    end.synchronize()
-    mean_ms = start.elapsed_time(end) / repeats
-    flags.append(torch.isfinite(o).all())
+        observe(0, step())
+    mean_s, batch_first, last = time_batch(step, repeats, device="cuda")
+    if not first:  # warmup 0: the check still needs the output of the very first step
+        first.append(batch_first)
+    flags.append(torch.isfinite(last).all())
     for _ in range(repeats):
         tick()
-    pairs = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        o = step()
-        e.record()
-        pairs.append((s, e))
-        flags.append(torch.isfinite(o).all())
-        tick()
-    torch.cuda.synchronize()
-    stats = _stats_ms([s.elapsed_time(e) for s, e in pairs])
-    stats["mean_step_ms"] = mean_ms
-    return stats, first, bool(torch.stack(flags).all())
+    stats = _stats_ms(time_turns([step], repeats=repeats, device="cuda", observe=observe)[0])
+    stats["mean_step_ms"] = mean_s * 1e3
+    return stats, first[0], bool(torch.stack(flags).all())
 
 
 # ---------------------------------------------------------------------------------------------------- checking

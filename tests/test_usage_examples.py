@@ -1,4 +1,4 @@
-"""The README's "Use it in a model" code blocks run as written."""
+"""docs/usage.md's "Use it in a model" code blocks run as written, one after another."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+USAGE = Path(__file__).resolve().parents[1] / "docs" / "usage.md"
 
 
 def blocks() -> list[str]:
-    text = README.read_text(encoding="utf-8")
+    text = USAGE.read_text(encoding="utf-8")
     section = text.split("## Use it in a model", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
@@ -36,7 +36,7 @@ def test_use_it_in_a_model_runs():
     torch.manual_seed(0)
     try:
         for block in code:
-            exec(compile(block, str(README), "exec"), namespace)
+            exec(compile(block, str(USAGE), "exec"), namespace)
     finally:
         for name, fn in saved.items():
             setattr(m, name, fn)

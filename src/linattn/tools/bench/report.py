@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from linattn.tools import results
-from linattn.tools.bench_plan import BASELINE, CANDIDATE_PATHS, FEATURES, Plan, normalizes
-from linattn.tools.bench_workload import PEAK_MEMORY_METHOD, TIMING_METHOD, TRANSIENT_UNAVAILABLE
-from linattn.tools.profiling import busy_reason
+from linattn.tools.bench.plan import BASELINE, CANDIDATE_PATHS, FEATURES, Plan, normalizes
+from linattn.tools.bench.workload import PEAK_MEMORY_METHOD, TIMING_METHOD, TRANSIENT_UNAVAILABLE
+from linattn.tools.harness.machine import busy_reason
+from linattn.tools.harness.plotting import save_figure
 
 SCHEMA = "bench_result"
 SCHEMA_VERSION = 2  # 2 adds ``contention`` and evidence level "disturbed"; files of version 1 stay readable
@@ -499,4 +499,4 @@ def plot_results(docs: Sequence[dict[str, Any]], out: str | os.PathLike, *, over
         if d0.get("evidence_level") == "disturbed":
             title += "\nTIMINGS DISTURBED by other processes (contention.reasons in the file): do not trust the times"
     fig.suptitle(title, fontsize=9 if many else 10)
-    return results.atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=120), overwrite=overwrite)
+    return save_figure(fig, out, overwrite=overwrite, dpi=120)

@@ -13,7 +13,7 @@ next to the device's bfloat16 matmul rate and copy bandwidth measured in the sam
 implementation's output and gradients at a small shape are compared with linattn's torch chunk form in float64.
 Times are CUDA events around a batch of calls after a warmup, and per-call events for the median; peak memory
 from ``torch.cuda.max_memory_allocated``. A case that fails is recorded with its error; cases not started within
-``budget_s`` are recorded as skipped. Work counts are :func:`linattn.tools.perf.rule_flops`/``sdpa_flops``.
+``budget_s`` are recorded as skipped. Work counts are :func:`linattn.tools.perf.work.rule_flops`/``sdpa_flops``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn.tools import perf_peers as pp
-from linattn.tools.perf import _versions, rule_flops, sdpa_flops, select
-from linattn.tools.perf_cuda_report import LINATTN, SDPA, attach_ratios
+from linattn.tools.harness import machine
+from linattn.tools.harness.timer import synchronize, time_batch, time_call, time_turns
+from linattn.tools.perf import peers as pp
+from linattn.tools.perf.cuda_report import LINATTN, SDPA, attach_ratios
+from linattn.tools.perf.work import rule_flops, sdpa_flops, select
 
 SCHEMA = "linattn.perf_cuda/1"
 FLA = {"accumulate": "fla.chunk_linear_attn", "gated_head": "fla.chunk_simple_gla", "gated_channel": "fla.chunk_gla",
@@ -179,48 +181,23 @@ def impl_fn(impl: str, variant: str, cfg: CudaConfig) -> Callable[[pp.Inputs], t
 # --- measurement ---------------------------------------------------------------------------------------------------
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _elapsed_ms(fn: Callable[[], object], calls: int, device: str) -> float:
-    """Mean ms per call over ``calls`` calls: CUDA events on the device, perf_counter elsewhere (tests)."""
-    if device != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / calls
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
-
-
 def timed(fn: Callable[[], object], cfg: CudaConfig, repeats: int, device: str) -> dict[str, Any]:
-    """Warmup (the first call compiles), a batch of ``repeats`` calls, then ``cfg.samples`` single calls for the
-    median; a call slower than ``max_call_s`` is timed once. Peak memory above what was allocated before."""
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    first_s = time.perf_counter() - t0
+    """Through the harness timer: warmup (the first call compiles, timed apart), a batch of ``repeats`` calls for
+    the mean, then ``cfg.samples`` single calls for the median; a call slower than ``max_call_s`` is timed once.
+    Peak memory above what was allocated before."""
+    first = time_call(fn, repeats=1, warmup=cfg.warmup, device=device)  # warm-up, then one timed call
     if device == "cuda":
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    if first_s > cfg.max_call_s:
-        ms = _elapsed_ms(fn, 1, device)
-        out = {"mean_ms": ms, "median_ms": ms, "calls": 1, "first_call_s": first_s}
+    if first.first_call_s > cfg.max_call_s:
+        ms = first.median_s * 1e3
+        out = {"mean_ms": ms, "median_ms": ms, "calls": 1, "first_call_s": first.first_call_s}
     else:
-        for _ in range(cfg.warmup - 1):
-            fn()
-        mean = _elapsed_ms(fn, repeats, device)
-        singles = sorted(_elapsed_ms(fn, 1, device) for _ in range(cfg.samples))
-        out = {"mean_ms": mean, "median_ms": singles[len(singles) // 2], "calls": repeats + cfg.samples,
-               "first_call_s": first_s}
+        mean_s, _, _ = time_batch(fn, repeats, device=device)
+        singles = time_turns([fn], repeats=cfg.samples, device=device)[0]
+        out = {"mean_ms": mean_s * 1e3, "median_ms": singles.median_s * 1e3, "calls": repeats + cfg.samples,
+               "first_call_s": first.first_call_s}
+    synchronize(device)
     out["peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - before) if device == "cuda" else None
     return out
 
@@ -239,15 +216,10 @@ def _call(fn: Callable[[pp.Inputs], torch.Tensor], inp: pp.Inputs, backward: boo
 
 def machine_rates(cfg: CudaConfig, device: str) -> dict[str, Any]:
     """bfloat16 matmul (n x n x n, TFLOP/s) and copy bandwidth (read + write bytes over time, GB/s)."""
-    n = cfg.matmul_n
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    mm = timed(lambda: a @ a, cfg, 20, device)
-    x = torch.empty(cfg.copy_numel, device=device, dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    cp = timed(lambda: y.copy_(x), cfg, 20, device)
-    return {"matmul": {"n": n, "median_ms": mm["median_ms"], "tflops": 2 * n**3 / mm["median_ms"] / 1e9},
-            "copy": {"bytes_per_side": 2 * x.numel(), "median_ms": cp["median_ms"],
-                     "gbps": 2 * 2 * x.numel() / cp["median_ms"] / 1e6}}
+    mm = machine.matmul_rate(cfg.matmul_n, dtype="bfloat16", device=device, repeats=cfg.samples)
+    cp = machine.copy_bandwidth(cfg.copy_numel, dtype="bfloat16", device=device, repeats=cfg.samples)
+    return {"matmul": {"n": mm["n"], "median_ms": mm["median_ms"], "tflops": mm["gflops"] / 1e3},
+            "copy": {"bytes_per_side": cp["bytes_per_side"], "median_ms": cp["median_ms"], "gbps": cp["gbps"]}}
 
 
 def crosscheck(cfg: CudaConfig, device: str, impls: Callable = impl_fn) -> list[dict[str, Any]]:
@@ -312,8 +284,8 @@ def run_case(case: CudaCase, cfg: CudaConfig, device: str, impls: Callable = imp
 def require_cuda() -> None:
     """Raise :class:`NoCudaDevice` unless torch sees a CUDA device and the kernels would run compiled."""
     if not torch.cuda.is_available():
-        raise NoCudaDevice("--device cuda: no CUDA device is present (torch.cuda.is_available() is False on this "
-                           "machine); run it on a CUDA machine, or leave out --device for the CPU benchmark")
+        raise NoCudaDevice("--device cuda: no CUDA device is present (torch.cuda.is_available() is False); run it "
+                           "on a CUDA machine, or leave out --device for the CPU benchmark")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise NoCudaDevice("--device cuda: TRITON_INTERPRET=1 is set, which would time Triton's interpreter; unset it")
 
@@ -350,7 +322,7 @@ def run(cfg: CudaConfig = FULL, *, only: tuple[str, ...] = (), device: str = "cu
         "only": list(only),
         "environment": {"device": torch.cuda.get_device_name() if device == "cuda" else device,
                         "cuda": torch.version.cuda, "triton": triton.__version__, "dtype": "bfloat16",
-                        "versions": _versions()},
+                        "versions": machine.versions()},
         "machine": rates,
         "crosscheck": checks,
         "cases": results,

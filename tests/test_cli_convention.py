@@ -1,0 +1,81 @@
+"""One command-line convention across the tools: the shared options spelt the same everywhere, every default shown
+in ``--help``, and ``linattn --help`` listing every tool."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from linattn.cli import COMMANDS, LazyGroup, main
+
+# The shared options: where a tool has one, it is spelt exactly so.
+SPELLING = {"output": ["-o", "--output"], "plot": ["--plot"], "plot_path": ["--plot"], "overwrite": ["--overwrite"],
+            "quick": ["--quick"], "threads": ["--threads"], "no_progress": ["--no-progress"]}
+# Tools that are moved onto the convention separately.
+ELSEWHERE = {"mqar"}
+
+
+def _has_default(param: click.Option, ctx: click.Context) -> bool:
+    default = param.get_default(ctx, call=False)
+    return default not in (None, ()) and type(default).__name__ != "Sentinel"  # click 8.3 marks "no default" so
+
+
+def _commands() -> list[tuple[str, click.Command]]:
+    group, ctx = LazyGroup(), click.Context(main)
+    out = []
+    for name in sorted(set(COMMANDS) - ELSEWHERE):
+        cmd = group.get_command(ctx, name)
+        out.append((name, cmd))
+        if isinstance(cmd, click.Group):
+            out += [(f"{name} {sub}", cmd.commands[sub]) for sub in cmd.commands]
+    return out
+
+
+@pytest.mark.parametrize(("name", "cmd"), _commands(), ids=lambda x: x if isinstance(x, str) else "")
+def test_shared_options_are_spelt_alike_and_every_default_is_shown(name, cmd):
+    ctx = click.Context(cmd, info_name=name, **cmd.context_settings)
+    for param in cmd.params:
+        if not isinstance(param, click.Option):
+            continue
+        if param.name in SPELLING:
+            assert param.opts == SPELLING[param.name], (name, param.opts)
+        if param.is_flag or param.name == "help":
+            continue
+        record = param.get_help_record(ctx)
+        if _has_default(param, ctx) or isinstance(param.show_default, str):
+            assert "default:" in record[1], (name, param.name, record)
+
+
+@pytest.mark.parametrize(("name", "cmd"), _commands(), ids=lambda x: x if isinstance(x, str) else "")
+def test_help_shows_the_defaults(name, cmd):
+    res = CliRunner().invoke(main, [*name.split(), "--help"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    ctx = click.Context(cmd, info_name=name, **cmd.context_settings)
+    shown = [p for p in cmd.params if isinstance(p, click.Option) and not p.is_flag and _has_default(p, ctx)]
+    assert res.output.count("[default:") >= len(shown), res.output
+
+
+def test_every_tool_is_listed():
+    res = CliRunner().invoke(main, ["--help"], terminal_width=200)
+    assert res.exit_code == 0
+    for name, (module, attr, text) in COMMANDS.items():
+        assert name in res.output and text in res.output
+        assert module.startswith("linattn.tools.") and attr == "command"
+
+
+def test_quick_replaces_only_the_defaults_a_user_left(monkeypatch):
+    from linattn.tools import recall
+
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(recall, "run_recall", fake)
+    CliRunner().invoke(main, ["recall", "--quick", "--trials", "3", "--no-progress"])
+    assert (seen["d"], seen["dv"], seen["trials"]) == (16, 16, 3)  # --trials given: it wins
+    seen.clear()
+    CliRunner().invoke(main, ["recall", "--no-progress"])
+    assert (seen["d"], seen["trials"]) == (64, 16)  # without --quick nothing changes
