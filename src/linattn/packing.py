@@ -179,11 +179,14 @@ def packed_linear_attention(
     if fast is not None:
         return fast[0], (api._split(fast[1], normalize, rule, feature_map) if output_final_state else None)
     seg = plan_segment(lengths.cpu(), chunk_size)
+    # q and k in the state dtype, as v: the unpacked call maps features in that dtype too, and the inner call
+    # takes one dtype for all three.
+    qq, kk = q.to(dtype), k.to(dtype)
     sources, outputs = [], []
     for j in range(-(-int(lengths.max()) // seg)):  # segments, each one call over all running sequences
         part = _Segment(cu, lengths, j, seg)
         o, S_part = api.linear_attention(
-            part.pad(q, False), part.pad(k, False), part.pad(vv, True), rule=rule, form=form, feature_map=fmap,
+            part.pad(qq, False), part.pad(kk, False), part.pad(vv, True), rule=rule, form=form, feature_map=fmap,
             normalize=False, scale=scale, g=part.pad(g, True), beta=part.pad(beta, True),
             initial_state=State(S[part.active]),
             output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend,
