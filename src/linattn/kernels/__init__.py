@@ -27,6 +27,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from linattn.ops import gated as ops_gated
+from linattn.ops import gated_delta as ops_gated_delta
+
 BACKENDS = ("auto", "torch", "cpu", "triton")
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
 # "auto" uses the compiled kernels for these forms ("step" is decode); the others (parallel, scan) are asked for
@@ -192,8 +195,8 @@ def linear_attention(
     if backend == "triton" or q.is_cuda:
         return None
     refusal = _cpu_refusal(rule, (q, k, v, g, beta), state, False, extra)
-    # The compiled backward is first-order and has no functorch rule: under torch.func transforms (vmap, grad,
-    # jacrev) "auto" keeps the torch forms. Double backward (create_graph) needs backend="torch".
+    # The compiled backward has no functorch rule: under torch.func transforms (vmap, grad, jacrev) "auto" keeps
+    # the torch forms. A double backward (create_graph) recomputes in the torch forms (_exact_backward).
     auto_ok = form in AUTO_FORMS and (not grad or (rule in AUTO_BACKWARD_RULES and not _functorch_active()))
     if not _resolve(backend, refusal, auto_ok):
         return None
@@ -257,14 +260,15 @@ class _CompiledPrefill(torch.autograd.Function):
         o = torch.empty(v.shape, dtype=torch.float32)
         ckpt = _cpu_module.prefill(_f32(q), _f32(k), _f32(v), _f32(g), _f32(beta), cu, ST.numpy(), o.numpy(),
                                    scale=scale, eps=0.0, clamp=False, normalize=False, every=every)
-        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.save_for_backward(q, k, v, g, beta, S0)
         ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
         return o, ST.transpose(-1, -2).contiguous()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o, grad_S):
-        q, k, v, g, beta = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the gradient itself will be differentiated
+            return _exact_backward(ctx, grad_o, grad_S)
+        q, k, v, g, beta, _ = ctx.saved_tensors
         N, H, Dk, Dw = len(ctx.cu) - 1, q.shape[1], q.shape[2], v.shape[2]
         dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
                else grad_S.to(torch.float32).transpose(-1, -2).contiguous())
@@ -275,6 +279,48 @@ class _CompiledPrefill(torch.autograd.Function):
         t = torch.from_numpy
         return (t(dq), t(dk), t(dv), None if dg is None else t(dg), None if dbeta is None else t(dbeta),
                 dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None)
+
+
+def _exact_backward(ctx, grad_o, grad_S):
+    """The compiled prefill's gradient as a differentiable function of its inputs (for Hessian-vector products and
+    gradient penalties): the forward recomputed in the torch chunk forms, differentiated with ``create_graph``."""
+    inputs = ctx.saved_tensors
+    wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
+    with torch.enable_grad():
+        o, S = _torch_prefill(*inputs, ctx.cu, ctx.scale)
+    pairs = [(out, gr) for out, gr in ((o, grad_o), (S, grad_S)) if gr is not None]
+    got = torch.autograd.grad([p[0] for p in pairs], [inputs[i] for i in wanted], [p[1] for p in pairs],
+                              create_graph=True, allow_unused=True)
+    grads: list = [None] * 9
+    for i, gr in zip(wanted, got, strict=True):
+        grads[i] = torch.zeros_like(inputs[i]) if gr is None else gr
+    return tuple(grads)
+
+
+def _torch_prefill(q, k, v, g, beta, S0, cu, scale):
+    """What :class:`_CompiledPrefill` computes, in the torch chunk forms (differentiable to any order), one packed
+    sequence at a time: ``q, k [T, H, Dk]``, ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]``, ``beta [T, H]``, ``S0 [N, H,
+    Dk, Dw]``; returns the unnormalized read ``[T, H, Dw]`` and the final states ``[N, H, Dk, Dw]``."""
+    outs, finals = [], []
+    for i in range(len(cu) - 1):
+        a, b = int(cu[i]), int(cu[i + 1])
+        if a == b:  # an empty sequence passes its state through
+            finals.append(S0[i])
+            continue
+
+        def heads_first(x, a=a, b=b):  # [T, H, ...] -> [1, H, L, ...]
+            return None if x is None else x[a:b].transpose(0, 1).unsqueeze(0)
+
+        gi = heads_first(g)
+        if gi is not None and gi.shape[-1] == 1:
+            gi = gi[..., 0]  # one gate per head
+        form = ops_gated.chunk if beta is None else ops_gated_delta.chunk
+        o, S = form(heads_first(q), heads_first(k), heads_first(v), g=gi, beta=heads_first(beta),
+                    initial_state=S0[i:i + 1], scale=scale)
+        outs.append(o[0].transpose(0, 1))
+        finals.append(S[0].to(S0.dtype))
+    o = torch.cat(outs) if outs else v.new_zeros(v.shape)
+    return o, torch.stack(finals)
 
 
 def step(
