@@ -528,10 +528,11 @@ def _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mod
     At batch 1 the checks and the torch ops around a step cost as much as the step itself. So this proves, with
     attribute reads only (each ~50 ns, where a torch op costs ~1 us), that the call is valid and needs nothing the
     compiled kernel lacks: float32 contiguous CPU tensors outside autograd, a built-in elementwise or L2 feature
-    map, a state linattn made for this rule and map in its own layout. Anything else, and any bad gate value (the
-    kernel checks them before writing), goes through the full path, which gives the result or the error that
-    names the argument. Nothing is cached between calls: every fact is read again (a tensor's layout can change in
-    place). The checks are written out inline because a helper function call costs as much as two of them.
+    map, a state in linattn's own layout (made for this rule and map, or with no record, as State.zeros makes it).
+    Anything else, and any bad gate value (the kernel checks them before writing), goes through the full path,
+    which gives the result or the error that names the argument. Nothing is cached between calls: every fact is
+    read again (a tensor's layout can change in place). The checks are written out inline because a helper
+    function call costs as much as two of them.
     """
     kd = kernels.decode_kernel(backend)
     if kd is None or type(state) is not State or not (inplace is True or inplace is False):
@@ -543,8 +544,12 @@ def _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mod
         normalize = rule not in DELTA_RULES
     elif not (normalize is False or (normalize is True and rule not in DELTA_RULES)):
         return None  # not a bool, or a delta rule asked to normalize: the full path says why
-    if (state.rule != rule or rule not in RULES or state.normalized is not normalize
-            or state.feature_map != (feature_map or "identity") or not (state_dtype is None or state_dtype is _F32)):
+    # A state with no record (State.zeros, State(S, z)) is checked by its layout alone, as the full path does.
+    fmap_name = feature_map or "identity"
+    recorded = state.rule is not None
+    if recorded and (state.rule != rule or state.normalized is not normalize or state.feature_map != fmap_name):
+        return None
+    if rule not in RULES or not (state_dtype is None or state_dtype is _F32):
         return None
     if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
         return None
@@ -620,10 +625,10 @@ def _fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mod
         # The kernel wrote through a raw pointer: tell autograd, so a graph that saved this state refuses to use
         # the overwritten values instead of computing a wrong gradient from them.
         torch.autograd.graph.increment_version(S)
-        return o, state
+        return o, (state if recorded else _trusted_state(S, z, rule, fmap_name, normalize))
     if normalize:
-        return o, _trusted_state(buf[..., :Dv], buf[..., Dv], rule, state.feature_map, True)
-    return o, _trusted_state(buf, None, rule, state.feature_map, False)
+        return o, _trusted_state(buf[..., :Dv], buf[..., Dv], rule, fmap_name, True)
+    return o, _trusted_state(buf, None, rule, fmap_name, False)
 
 
 def step(
