@@ -120,11 +120,14 @@ def _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dty
     def shape(x, i):
         return int(x.shape[i]) if isinstance(x, torch.Tensor) and x.dim() == 4 else None
 
+    def plain(x):  # compared with == on every rank: anything else by its repr
+        return x if x is None or isinstance(x, (bool, int, float, str)) else repr(x)
+
     return {
-        "rule": rule, "B": shape(q, 0), "H": shape(q, 2), "Dq": shape(q, 3), "Dv": shape(v, 3), "Dk": None,
+        "rule": plain(rule), "B": shape(q, 0), "H": shape(q, 2), "Dq": shape(q, 3), "Dv": shape(v, 3), "Dk": None,
         "T": shape(q, 1), "dtype": str(getattr(q, "dtype", None)), "state_dtype": str(state_dtype),
         "device_type": getattr(getattr(q, "device", None), "type", None), "normalize": normalize,
-        "feature_map": name(fmap), "scale": scale, "eps": eps, "eps_mode": eps_mode,
+        "feature_map": name(fmap), "scale": plain(scale), "eps": plain(eps), "eps_mode": plain(eps_mode),
         "gate": None if not isinstance(g, torch.Tensor) else ("channel" if g.dim() == 4 else "head"),
         "grad": grad, "backend": backend if isinstance(backend, str) else repr(backend), "error": None,
     }
@@ -184,27 +187,30 @@ def linear_attention(
     before any state is exchanged. Every rank must also run the backward if any does.
     """
     rank, world = _group_info(group)
-    fmap = resolve_feature_map(feature_map)
-    if normalize is None:
-        normalize = rule not in DELTA_RULES
-    dtype = state_dtype or (torch.float64 if getattr(q, "dtype", None) == torch.float64 else torch.float32)
-    tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tracked)
-    desc = _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad, backend)
-
-    # Local phase: validate and compute this segment's map and zero-start outputs. An error is held back until
-    # every rank has reported, so that no rank is left waiting in a collective.
+    # Everything below that can fail runs inside the agreement: every argument is checked (and the local segment
+    # computed) before the one collective where each rank reports its descriptor or its error, so that a bad
+    # argument on one rank raises on every rank instead of leaving the others waiting in a collective.
+    desc: dict = dict.fromkeys(_AGREE) | {"T": None, "error": None}
     error = None
     try:
+        fmap = resolve_feature_map(feature_map)
         kernels.check_backend(backend)
         api._check_flag("output_final_state", output_final_state)
+        if normalize is None:
+            normalize = rule not in DELTA_RULES
         if normalize and rule in DELTA_RULES:
             raise ValueError(f"normalize=True: rule {rule!r} defines no normalizer z; pass normalize=False or None")
         if not isinstance(normalize, bool):
             raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
         if rank > 0 and initial_state is not None:
             raise ValueError(f"initial_state is given on rank {rank}; pass it on rank 0 only (None on ranks > 0)")
+        if initial_state is not None and not isinstance(initial_state, State):
+            raise TypeError(f"initial_state must be a linattn.State or None, got {type(initial_state).__name__}")
         _check_local(q, k, v, cu_seqlens)
+        dtype = api._compute_dtype(q.dtype, state_dtype)
+        tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
+        grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tracked)
+        desc = _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad, backend)
         call = dict(rule=rule, feature_map=fmap, scale=scale, eps=eps, eps_mode=eps_mode, g=g, beta=beta,
                     output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend)
         if rank == 0:
