@@ -27,20 +27,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from linattn.checks import BACKENDS, check_backend
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
-BACKENDS = ("auto", "torch", "cpu", "triton")
+__all__ = ["BACKENDS", "check_backend", "decode_kernel", "linear_attention", "step"]
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
 # "auto" uses the compiled kernels for these forms ("step" is decode); the others (parallel, scan) are asked for
 # by name to study them, so they keep their torch form. Tests of the torch forms empty this tuple.
 AUTO_FORMS = ("chunk", "recurrent", "step")
-
-
-def check_backend(backend: object) -> str:
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
-    return backend
 
 
 _cpu_module = None
