@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.autograd import gradgradcheck
 
 import linattn
-from linattn import kernels
+from linattn.backends import cpu as cpu_backend
 from linattn.nn import LinearAttention
 
 RULES = ("accumulate", "gated", "delta", "gated_delta")
@@ -64,13 +64,13 @@ def test_hessian_vector_product_equals_torch_forms(rule, feature_map, per_channe
 def test_compiled_prefill_ran_in_the_forward(monkeypatch):
     """The cases above reach the compiled kernel (its forward), so the exact second derivative is its backward's."""
     seen = []
-    original = kernels._CompiledPrefill.apply
+    original = cpu_backend.CompiledPrefill.apply
 
     def spy(*args):
         seen.append(True)
         return original(*args)
 
-    monkeypatch.setattr(kernels._CompiledPrefill, "apply", spy)
+    monkeypatch.setattr(cpu_backend.CompiledPrefill, "apply", spy)
     x = inputs("delta")
     hvp("delta", x, "auto", "l2", None)
     assert seen

@@ -87,7 +87,7 @@ def linear_attention(
             the torch form: numba on CPU; Triton only when forced), ``"torch"`` (always the torch forms), ``"cpu"``
             (the fused numba token loop: forward only, float32 state, CPU) or ``"triton"`` (the Triton kernels: CUDA,
             or CPU under ``TRITON_INTERPRET=1``). A forced backend that cannot run the call is a ``ValueError`` naming
-            the reason. See :mod:`linattn.kernels`.
+            the reason. See :mod:`linattn.backends`.
 
     A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
     error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in

@@ -3,7 +3,8 @@
 
 Every entry point (``linear_attention``, ``step``, packed calls, ``linattn.distributed``, the nn layers through
 them, the HF integration through them) checks its arguments here, once, through :mod:`linattn.checks`; the
-runners (:mod:`linattn.runner`, :mod:`linattn.packing`, :mod:`linattn.kernels`) trust the description.
+runners (:mod:`linattn.runner`, :mod:`linattn.packing`, :mod:`linattn.decode`, :mod:`linattn.backends`) trust
+the description.
 """
 
 from __future__ import annotations

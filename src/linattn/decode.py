@@ -1,6 +1,7 @@
-"""The one decode route of :func:`linattn.step`: :func:`fast_step` (one compiled call for the plain CPU case,
-proven from attribute reads before any check), else :func:`run_step` on a prepared call: the compiled step of the
-backend (:func:`linattn.kernels.step`: numba or Triton) where it takes the call, else the rule's torch ``step``."""
+"""The one decode route of :func:`linattn.step` and :class:`Decoder`: :func:`fast_step` (one compiled call for
+the plain CPU case, proven from attribute reads before any check), else :func:`run_step` on a prepared call: the
+compiled step of the backend (:func:`linattn.backends.step`: numba or Triton) where it takes the call, else the
+rule's torch ``step``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import math
 
 import torch
 
-from linattn import kernels
-from linattn.call import Call
+from linattn import backends, checks
+from linattn.call import Call, prepare_step
+from linattn.feature_maps import resolve_feature_map
 from linattn.layout import features, group_heads, split_state, state_tensor, with_ones_column
 from linattn.ops import DELTA_RULES, GATED_RULES, RULES
 from linattn.ops.common import normalized_read
@@ -40,7 +42,7 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     read again (a tensor's layout can change in place). The checks are written out inline because a helper
     function call costs as much as two of them.
     """
-    kd = kernels.decode_kernel(backend)
+    kd = backends.decode_kernel(backend)
     if kd is None or type(state) is not State or not (inplace is True or inplace is False):
         return None
     code = kd.FEATURE_CODES.get(feature_map) if feature_map is None or type(feature_map) is str else None
@@ -154,7 +156,7 @@ def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -
         state = State.zeros(call.B, H, call.Dk, call.Dv, normalizer=normalize, dtype=dtype, device=q.device)
     S = state_tensor(state, normalize, dtype)
     into = state if inplace else None
-    fast = kernels.step(call.backend, rule=call.rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
+    fast = backends.step(call.backend, rule=call.rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
                         eps=eps, eps_mode=call.eps_mode, inplace=inplace)
     if fast is not None:
         return fast[0], split_state(fast[1], normalize, call.rule, call.feature_map, into=into)
@@ -164,3 +166,113 @@ def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -
     if normalize:
         o = normalized_read(o, eps, call.eps_mode)
     return o.to(v.dtype), split_state(S, normalize, call.rule, call.feature_map, into=into)
+
+
+class Decoder:
+    """A prepared decode loop: the arguments that stay fixed over a generation are checked once, here; each call
+    checks only what can change (shapes, dtypes, devices and layouts of q, k, v, g, beta and the state; the gate
+    and beta values) and updates :attr:`state` in place.
+
+    ``dec = linattn.Decoder(state, rule=..., feature_map=None, scale=None, normalize=None, eps=1e-6,
+    eps_mode="add", backend="auto")``; ``o = dec(q, k, v, g=None, beta=None)`` with the shapes of
+    :func:`linattn.step` returns ``o [B, HV, Dv]``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)``
+    would, and raises the same errors for bad input. ``state`` must be a :class:`~linattn.State` that an in-place
+    step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
+    (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
+    compiled call; anything else runs :func:`linattn.step`'s full path.
+    """
+
+    def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,
+                 normalize: bool | None = None, eps: float = 1e-6, eps_mode: str = "add", backend: str = "auto"):
+        checks.rule_module(rule)
+        checks.check_backend(backend)
+        checks.check_scalars(eps, eps_mode, scale)
+        normalize = checks.resolve_normalize(rule, normalize)
+        resolve_feature_map(feature_map)
+        if not isinstance(state, State):
+            raise TypeError(f"state must be a linattn.State, got {type(state).__name__} (State.zeros(...) makes one)")
+        B, H, Dk, Dv = state.S.shape
+        checks.check_state(state, B, H, Dk, Dv, normalize, state.device, name="state", rule=rule,
+                           feature_map=feature_map)
+        checks.check_inplace(state, normalize, state.dtype)
+        self.state = state
+        self.rule, self.feature_map, self.normalize, self.backend = rule, feature_map, normalize, backend
+        self.scale, self.eps, self.eps_mode = scale, eps, eps_mode
+        # What the compiled call needs, fixed for the decoder's life (None: every call takes the full path).
+        kd = backends.decode_kernel(backend)
+        code = kd.FEATURE_CODES.get(feature_map) if kd is not None and (
+            feature_map is None or type(feature_map) is str) else None
+        self._kd = kd if code is not None and state.dtype is _F32 and state.S.is_cpu else None
+        self._code = code
+        self._gated, self._delta = rule in GATED_RULES, rule in DELTA_RULES
+        self._dims = (B, H, Dk, Dv, Dv + 1 if normalize else Dv)
+        self._scale = Dk**-0.5 if scale is None else float(scale)
+        self._eps, self._clamp = float(eps), eps_mode == "clamp"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
+                 beta: torch.Tensor | None = None) -> torch.Tensor:
+        o = self._fast(q, k, v, g, beta)
+        if o is not None:
+            return o
+        call = prepare_step(q, k, v, self.state, rule=self.rule, feature_map=self.feature_map,
+                            normalize=self.normalize, scale=self.scale, eps=self.eps, eps_mode=self.eps_mode, g=g,
+                            beta=beta, state_dtype=None, inplace=True, backend=self.backend)
+        o, self.state = run_step(call, q, k, v, g, beta, self.state, True)
+        return o
+
+    def _fast(self, q, k, v, g, beta) -> torch.Tensor | None:
+        """The compiled call when this token is the plain case, else None (nothing written)."""
+        kd = self._kd
+        if kd is None:
+            return None
+        B, HV, D, Dv, Dw = self._dims
+        if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
+            return None
+        if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu):
+            return None
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+            return None
+        if q.requires_grad or k.requires_grad or v.requires_grad:
+            return None
+        q_shape = q.shape
+        if len(q_shape) != 3 or k.shape != q_shape or v.shape != (B, HV, Dv):
+            return None
+        Bq, Hq, Dq = q_shape
+        if Bq != B or Dq != D or not Hq or HV % Hq:
+            return None
+        gate_width = 0
+        if self._gated:
+            if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
+                return None
+            if g.shape == (B, HV):
+                gate_width = 1
+            elif g.shape == (B, HV, D) and not self._delta:
+                gate_width = D
+            else:
+                return None
+        elif g is not None:
+            return None
+        if self._delta:
+            if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+                    and not beta.requires_grad and beta.shape == (B, HV)):
+                return None
+        elif beta is not None:
+            return None
+        S, z = self.state.S, self.state.z  # read each call: the state may have been replaced
+        if S.requires_grad or S.stride() != (HV * D * Dw, D * Dw, Dw, 1) or S.dtype is not _F32 or not S.is_cpu:
+            return None
+        S_at = S.data_ptr()
+        if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)):
+            return None
+        if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
+            return None  # batch decode: the general path splits the heads over threads
+        if S.is_inference() and not torch.is_inference_mode_enabled():
+            return None
+        o = torch.empty_like(v)
+        status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if self._gated else 0,
+                           beta.data_ptr() if self._delta else 0, S_at, S_at, o.data_ptr(), B, Hq, HV, D, Dv,
+                           gate_width, self._code, self._clamp, self.normalize, self._delta, self._scale, self._eps)
+        if status != kd.OK:
+            return None  # nothing was written; the full path raises the error that names the gate
+        torch.autograd.graph.increment_version(S)  # written through a raw pointer: autograd must know
+        return o

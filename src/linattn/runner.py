@@ -1,5 +1,5 @@
 """Runs a prepared whole-sequence call (:class:`linattn.call.Call`): a compiled backend where it takes the call
-(:func:`compiled`, through :mod:`linattn.kernels`), else the rule's torch form over slabs (:func:`run_torch`).
+(:func:`compiled`, through :mod:`linattn.backends`), else the rule's torch form over slabs (:func:`run_torch`).
 
 Inputs are the public layout ``q, k [B, T, Hq, d_in]``, ``v [B, T, H, Dv']``, ``g``, ``beta``, already checked;
 ``S [B, H, Dk, Dv']`` is the starting state in the accumulation dtype (``[S | z]`` when normalized: then ``Dv'``
@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from linattn import kernels
+from linattn import backends
 from linattn.call import Call
 from linattn.layout import features, group_heads, with_ones_column
 from linattn.ops.common import normalized_read
@@ -36,7 +36,7 @@ def run(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tensor, to
 
 def compiled(call: Call, q, k, v, g, beta, S: torch.Tensor, cu_seqlens: torch.Tensor | None = None):
     """The call on the backend ``call.backend`` names, or None when the torch forms should run."""
-    return kernels.linear_attention(call.backend, rule=call.rule, form=call.form, q=q, k=k, v=v, g=g, beta=beta,
+    return backends.linear_attention(call.backend, rule=call.rule, form=call.form, q=q, k=k, v=v, g=g, beta=beta,
                                      state=S, fmap=call.fmap, scale=call.scale, normalize=call.normalize,
                                      eps=call.eps, eps_mode=call.eps_mode, grad=call.grad,
                                      chunk_size=call.chunk_size, cu_seqlens=cu_seqlens)
