@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import linattn  # noqa: E402
-import linattn.api  # noqa: E402
+import linattn.layout  # noqa: E402
 from linattn.kernels import triton as lt  # noqa: E402
 
 RULES = ("accumulate", "gated", "delta", "gated_delta")
@@ -175,7 +175,7 @@ def state_rows(rule, rnd, gen, B, H, D, L, dt, args) -> list[dict]:
             if backend == "torch":
                 return linattn.step(q, k, v, state, inplace=True, **kw)
             s = D ** -0.5
-            S = linattn.api._augmented(state, torch.float32) if norm else state.S
+            S = linattn.layout.augmented(state, torch.float32) if norm else state.S
             o, S = lt.step(rule=rule, q=q.float() if norm else q.float() * s, k=k.float(), v=v, g=g, beta=beta,
                            state=S, normalize=norm, eps=1e-6 / s if norm else 1e-6, eps_mode="add", inplace=True)
             return o, state

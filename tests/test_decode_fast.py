@@ -426,3 +426,33 @@ def test_in_place_fast_step_tells_autograd(rule):
     assert state.S._version > version
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+@pytest.mark.parametrize("rule,gate,fmap,G", CASES)
+@pytest.mark.parametrize("inplace", [True, False])
+def test_decode_from_state_zeros_takes_the_fast_path(calls, rule, gate, fmap, G, inplace):
+    """A state from ``State.zeros`` (no record, linattn's own layout) decodes through the compiled call from its
+    first token, matches the reference, and comes back recorded as the full path records it."""
+    q, k, v, kw = inputs(rule, gate=gate, G=G)
+    if fmap == "identity" or fmap is None:
+        k = F.normalize(k, dim=-1)
+    B, T, HV, Dv = v.shape
+    normalized = rule in ("accumulate", "gated")
+    state = State.zeros(B, HV, q.shape[-1], Dv, normalizer=normalized)
+    outs = []
+    for t in range(T):
+        tok = {n: x[:, t].contiguous() for n, x in kw.items()}
+        o, state = linattn.step(q[:, t].contiguous(), k[:, t].contiguous(), v[:, t].contiguous(), state,
+                                rule=rule, feature_map=fmap, inplace=inplace, **tok)
+        outs.append(o.unsqueeze(1))
+    assert len(calls) == T
+    check_against_reference(q, k, v, kw, torch.cat(outs, dim=1), state, rule=rule, feature_map=fmap)
+    assert (state.rule, state.feature_map, state.normalized) == (rule, fmap or "identity", normalized)
+
+
+def test_state_zeros_of_the_wrong_shape_still_names_the_state(calls):
+    tok, _, opts = _token_state(rule="gated")
+    B, H, Dv = tok["v"].shape
+    with pytest.raises(ValueError, match="state.S must be"):
+        linattn.step(**tok, state=State.zeros(B, H, tok["q"].shape[-1] + 1, Dv), **opts)
+    assert calls == []

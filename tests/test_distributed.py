@@ -275,3 +275,99 @@ def test_message_bytes_formula():
     assert message_bytes("gated", 2, 3, 4, 5, per_channel=True) == (2 * 3 * 4 * 6 + 2 * 3 * 4) * 4
     assert message_bytes("gated", 1, 1, 4, 5, normalize=False) == (4 * 5 + 1) * 4
     assert message_bytes("gated_delta", 1, 2, 4, 5, state_dtype=torch.float64) == 2 * 4 * 9 * 8
+
+
+# One rank's bad argument: every rank raises within seconds, whether the bad process exits after its error or
+# carries on with a good call. The process group's own timeout is short, so a rank left waiting in a collective
+# fails the test (as a timeout) instead of hanging it.
+BAD_ARGS = {
+    "feature_map": lambda rank, q: dict(feature_map="l2x" if rank == 1 else "l2"),
+    "initial_state": lambda rank, q: dict(normalize=False,
+                                          initial_state=torch.zeros(1, 2, 3, 3) if rank == 0 else None),
+    "state_record": lambda rank, q: dict(initial_state=object() if rank == 0 else None),
+    "scale": lambda rank, q: dict(scale=torch.tensor(0.5) if rank == 1 else None),
+    "eps": lambda rank, q: dict(eps=float("inf") if rank == 0 else 1e-6),
+    "chunk_size": lambda rank, q: dict(chunk_size=0 if rank == 1 else 8),
+    "state_dtype": lambda rank, q: dict(state_dtype="float32" if rank == 1 else None),
+    "g": lambda rank, q: dict(rule="gated", g=torch.zeros(1, 4, 2) if rank == 0 else "zeros"),
+    "beta": lambda rank, q: dict(rule="delta", beta=torch.ones(1, 4, 2) if rank == 0 else torch.ones(1, 4, 3)),
+    "rule": lambda rank, q: dict(rule="deltax" if rank == 1 else "accumulate"),
+    "group_of_q": lambda rank, q: dict(k=q[..., :2] if rank == 1 else q),
+}
+
+
+def _bad_arg_worker(rank: int, world: int, port: int, path: str, exit_after_error: bool) -> None:
+    import time
+
+    torch.set_num_threads(1)
+    result: dict = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=20))
+        q = torch.randn(1, 4, 2, 3, generator=torch.Generator().manual_seed(5))
+        for name, args in BAD_ARGS.items():
+            kw = args(rank, q)
+            k = kw.pop("k", q)
+            start = time.monotonic()
+            try:
+                linear_attention(q, k, q, **kw)
+                result[name] = "no error"
+            except RankMismatchError as exc:
+                result[name] = f"RankMismatchError: {exc}"
+            except Exception as exc:  # noqa: BLE001 - the test reads what was raised
+                result[name] = f"{type(exc).__name__}: {exc}"
+                if exit_after_error:  # the bad process leaves; its partner must not be left waiting
+                    result["seconds"] = time.monotonic() - start
+                    torch.save(result, f"{path}/rank{rank}.pt")
+                    return
+            result[f"{name} seconds"] = time.monotonic() - start
+            if exit_after_error:  # its partner has left: nothing more to run together
+                torch.save(result, f"{path}/rank{rank}.pt")
+                return
+        o, _ = linear_attention(q, q, q)  # the group still works for a good call
+        result["after"] = o.shape == q.shape
+        dist.destroy_process_group()
+    except Exception:
+        result["crash"] = traceback.format_exc()
+    torch.save(result, f"{path}/rank{rank}.pt")
+
+
+def _launch_bad(tmp_path, exit_after_error: bool) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_bad_arg_worker, args=(r, 2, port, str(tmp_path), exit_after_error)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert not hung, f"ranks {hung} did not finish (a hang)"
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+
+
+def test_one_ranks_bad_argument_raises_on_every_rank(tmp_path):
+    per_rank = _launch_bad(tmp_path, exit_after_error=False)
+    for r, res in enumerate(per_rank):
+        assert "crash" not in res, res["crash"]
+        assert res["after"]
+        for name in BAD_ARGS:
+            out = res[name]
+            assert out != "no error", (r, name)
+            assert res[f"{name} seconds"] < 10, (r, name, res[f"{name} seconds"])
+            if not out.startswith("RankMismatchError"):  # the bad rank's own error names the argument
+                arg = {"state_record": "initial_state", "group_of_q": "q and k"}.get(name, name)
+                assert out.startswith(("ValueError", "TypeError")) and arg in out, (r, name, out)
+        # at least one rank (the good one) says which rank rejected its input
+        for name in BAD_ARGS:
+            assert any(p[name].startswith("RankMismatchError") and "rejected" in p[name] for p in per_rank), name
+
+
+def test_bad_rank_that_exits_releases_its_partner(tmp_path):
+    good, bad = _launch_bad(tmp_path, exit_after_error=True)
+    assert "crash" not in good, good["crash"]
+    assert bad["feature_map"].startswith(("ValueError", "RankMismatchError")) and "feature_map" in bad["feature_map"]
+    assert good["feature_map"].startswith("RankMismatchError") and "rank 1 rejected" in good["feature_map"]
+    assert good["feature_map seconds"] < 10

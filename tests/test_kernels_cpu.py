@@ -15,7 +15,8 @@ from helpers import check_state_and_output as check
 from helpers import kernel_inputs, np64, reference_call, rel_err
 
 import linattn
-from linattn import State, kernels
+from linattn import State, backends
+from linattn.backends import cpu as cpu_backend
 
 pytest.importorskip("numba")
 
@@ -131,8 +132,8 @@ def test_bad_backend_names_the_argument():
 
 
 def test_missing_numba_warns_once_and_falls_back(monkeypatch):
-    monkeypatch.setattr(kernels, "_cpu_module", None)
-    monkeypatch.setattr(kernels, "_cpu_failed", None)
+    monkeypatch.setattr(cpu_backend, "_numba", None)
+    monkeypatch.setattr(cpu_backend, "_failed", None)
     monkeypatch.setitem(__import__("sys").modules, "linattn.kernels.cpu_numba", None)  # import now fails
     q, k, v, kw = make("gated_delta", "head", gates="range")
     with pytest.warns(RuntimeWarning, match="compiled CPU kernels unavailable"):
@@ -151,11 +152,11 @@ def test_dispatch_refuses_what_the_kernel_does_not_know():
     S = torch.zeros(1, 2, 5, 7)
     common = dict(rule="gated_delta", form="chunk", q=q, k=k, v=v, g=kw["g"], beta=kw["beta"], state=S, fmap=None,
                   scale=None, normalize=False, eps=1e-6, eps_mode="add", grad=False)
-    assert kernels.linear_attention("auto", **common, cu_seqlens=None) is not None
-    assert kernels.linear_attention("auto", **common, sliding_window=4) is None
+    assert backends.linear_attention("auto", **common, cu_seqlens=None) is not None
+    assert backends.linear_attention("auto", **common, sliding_window=4) is None
     with pytest.raises(ValueError, match="sliding_window"):
-        kernels.linear_attention("cpu", **common, sliding_window=4)
-    assert kernels.linear_attention("torch", **common) is None
+        backends.linear_attention("cpu", **common, sliding_window=4)
+    assert backends.linear_attention("torch", **common) is None
 
 
 def test_step_half_precision_inputs_float32_state():

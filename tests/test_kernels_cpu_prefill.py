@@ -17,7 +17,8 @@ from helpers import kernel_inputs as make
 from helpers import np64, reference_call, rel_err
 
 import linattn
-from linattn import State, kernels
+from linattn import State, backends
+from linattn.backends import cpu as cpu_backend
 
 pytest.importorskip("numba")
 
@@ -144,12 +145,12 @@ def test_dispatch_takes_packed_and_grouped_and_refuses_unknown():
     S = torch.zeros(2, 4, 5, 7)
     common = dict(rule="gated_delta", form="chunk", q=q, k=k, v=v, g=kw["g"], beta=kw["beta"], state=S, fmap=None,
                   scale=None, normalize=False, eps=1e-6, eps_mode="add", grad=False)
-    o, S_final = kernels.linear_attention("auto", **common, cu_seqlens=torch.tensor([0, 4, 9]))
+    o, S_final = backends.linear_attention("auto", **common, cu_seqlens=torch.tensor([0, 4, 9]))
     assert o.shape == v.shape and S_final.shape == S.shape
-    assert kernels.linear_attention("auto", **common, window=3) is None  # an argument the kernel does not know
+    assert backends.linear_attention("auto", **common, window=3) is None  # an argument the kernel does not know
     with pytest.raises(ValueError, match="window"):
-        kernels.linear_attention("cpu", **common, window=3)
-    assert kernels.linear_attention("auto", **dict(common, form="parallel")) is None  # a form asked for by name
+        backends.linear_attention("cpu", **common, window=3)
+    assert backends.linear_attention("auto", **dict(common, form="parallel")) is None  # a form asked for by name
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -205,13 +206,13 @@ def test_compiled_backward_under_auto_only_where_enabled(monkeypatch):
     q, k, v, kw = make("gated_delta", "head", B=1, T=20, Hq=2)
     q.requires_grad_(True)
     calls = []
-    real = kernels._cpu_module.backward
-    monkeypatch.setattr(kernels._cpu_module, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(kernels, "AUTO_BACKWARD_RULES", ())
+    real = cpu_backend.load().backward
+    monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(backends, "AUTO_BACKWARD_RULES", ())
     o, _ = linattn.linear_attention(q, k, v, **kw)
     (gq,) = torch.autograd.grad(o.sum(), q)
     assert not calls  # the torch form ran
-    monkeypatch.setattr(kernels, "AUTO_BACKWARD_RULES", ("gated_delta",))
+    monkeypatch.setattr(backends, "AUTO_BACKWARD_RULES", ("gated_delta",))
     o2, _ = linattn.linear_attention(q, k, v, **kw)
     (gq2,) = torch.autograd.grad(o2.sum(), q)
     assert calls == [1] and rel_err(gq2, np64(gq)) < 1e-4

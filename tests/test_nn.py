@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn import kernels
 from linattn import nn as lnn
+from linattn.backends import cpu as cpu_backend
 
 torch.set_num_threads(1)
 MIXERS = [("accumulate", {}), ("gated", {}), ("gated", {"per_channel_gate": False}), ("delta", {}),
@@ -153,8 +153,8 @@ def test_backend_reaches_every_linattn_call(rule, monkeypatch):
     # The keyword reaches the call: with parameters that require grad, "cpu" runs the compiled prefill and its
     # backward, "torch" never enters the compiled module.
     calls = []
-    real = kernels._cpu_module.prefill
-    monkeypatch.setattr(kernels._cpu_module, "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = cpu_backend.load().prefill
+    monkeypatch.setattr(cpu_backend.load(), "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for backend, expected in (("torch", 0), ("cpu", 1)):
         calls.clear()
         lnn.LinearAttention(24, 2, 8, rule=rule, backend=backend)(x)[0].sum().backward()

@@ -176,3 +176,37 @@ def test_nan_stays_in_its_sequence():
     o, state = linattn.linear_attention(q, k, v, cu_seqlens=cu, chunk_size=4, output_final_state=True, **kwargs)
     assert torch.isnan(o[0, 1:5]).any() and torch.isfinite(o[0, 5:]).all()
     assert torch.isfinite(state.S[1:]).all()
+
+
+# Input dtype other than the state dtype: every combination a packed call can meet (the packed torch path once
+# cast v to the state dtype but left q and k in theirs, and refused its own call).
+DTYPE_CASES = [
+    (torch.float32, {"state_dtype": torch.float64}, False),
+    (torch.float64, {"state_dtype": torch.float32}, False),
+    (torch.bfloat16, {"backend": "torch"}, False),
+    (torch.float16, {"backend": "torch"}, False),
+    (torch.bfloat16, {}, True),
+    (torch.float16, {}, True),
+]
+
+
+@pytest.mark.parametrize(("dtype", "extra", "grad"), DTYPE_CASES)
+@pytest.mark.parametrize("rule", linattn.RULES)
+def test_packed_input_dtype_other_than_state_dtype(rule, dtype, extra, grad):
+    (q, k, v), kwargs, cu = packed_inputs(rule, [3, 0, 7, 5], dtype=torch.float32, seed=4)
+    kwargs.pop("initial_state")
+    kwargs = {n: (x.to(dtype) if isinstance(x, torch.Tensor) else x) for n, x in kwargs.items()}
+    q, k, v = (x.to(dtype).requires_grad_(grad) for x in (q, k, v))
+    o, state = linattn.linear_attention(q, k, v, cu_seqlens=cu, chunk_size=4, output_final_state=True, **extra,
+                                        **kwargs)
+    dt = extra.get("state_dtype", torch.float64 if dtype == torch.float64 else torch.float32)
+    init = State.zeros(4, 4, 3, 2, normalizer=rule in ("accumulate", "gated"), dtype=dt)
+    o_sep, S_sep, _ = separately(q, k, v, cu, "chunk", 4, initial_state=init, **extra, **kwargs)
+    assert o.dtype == dtype and state.S.dtype == dt
+    tol = 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
+    assert rel_err(o, np64(o_sep)) <= tol and rel_err(state.S, np64(S_sep)) <= 1e-5
+    if grad:
+        w = torch.randn(o.shape, dtype=torch.float64).to(dtype)
+        dq, dv = torch.autograd.grad((o * w).sum(), (q, v))
+        dq_sep, dv_sep = torch.autograd.grad((o_sep * w).sum(), (q, v))
+        assert rel_err(dq, np64(dq_sep)) <= 2e-2 and rel_err(dv, np64(dv_sep)) <= 2e-2

@@ -21,7 +21,7 @@ import torch
 from click.testing import CliRunner
 
 import linattn
-from linattn import kernels
+from linattn import backends
 from linattn.kernels import cpu_decode
 from linattn.ops import accumulate, delta, gated, gated_delta
 from linattn.tools import stability as st
@@ -60,18 +60,18 @@ IDENTITY = {
 
 def test_bench_reference_check_rejects_a_wrong_decode_step(monkeypatch):
     # The state path decodes with linattn.step: the one-call compiled decode (kernels/cpu_decode.py) for the plain
-    # case, a compiled step (linattn.kernels.step) where one covers the call, else the rule module's ``step``.
+    # case, a compiled step (linattn.backends.step) where one covers the call, else the rule module's ``step``.
     # All three are made wrong.
     for mod in (accumulate, gated_delta):
         monkeypatch.setattr(mod, "step", shifted(mod.step, 1e-3))  # tolerance in float32: 1e-4
-    compiled = kernels.step
+    compiled = backends.step
 
     def wrong_compiled(backend, *, v, **kwargs):
         v = v.clone()
         v[..., 0] += 1e-3
         return compiled(backend, v=v, **kwargs)
 
-    monkeypatch.setattr(kernels, "step", wrong_compiled)
+    monkeypatch.setattr(backends, "step", wrong_compiled)
     one_call = cpu_decode.decode
 
     def wrong_one_call(*args):

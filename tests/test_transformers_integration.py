@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.qwen3_next")
 
-from linattn import kernels  # noqa: E402
+from linattn.backends import cpu as cpu_backend  # noqa: E402
 from linattn.integrations import transformers as lt  # noqa: E402
 
 torch.set_num_threads(1)
@@ -109,8 +109,8 @@ def test_backend_reaches_every_call(monkeypatch):
     # Grouped value heads too; a spy on the compiled prefill shows the forced backend reached the call.
     grouped = make_model(value_heads=4)
     calls, outs = [], {}
-    real = kernels._cpu_module.prefill
-    monkeypatch.setattr(kernels._cpu_module, "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = cpu_backend.load().prefill
+    monkeypatch.setattr(cpu_backend.load(), "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for backend in ("torch", "cpu"):
         calls.clear()
         with lt.patch_qwen3_next(backend=backend):

@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 
 import linattn
-from linattn import api, kernels
-from linattn.feature_maps import FeatureMap, resolve_feature_map
+from linattn.call import Call, prepare
+from linattn.feature_maps import FeatureMap
+from linattn.layout import split_state
 from linattn.ops import DELTA_RULES
 from linattn.ops.common import normalized_read
 from linattn.state import State
@@ -111,22 +112,20 @@ def _group_info(group) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad, backend) -> dict:
-    """What every rank must agree on, plus this rank's own segment length (free to differ)."""
+def _describe(call: Call, q: torch.Tensor, state_dtype) -> dict:
+    """What every rank must agree on (from its prepared call), plus this rank's own segment length (free to
+    differ)."""
+    fmap = call.fmap
+    name = None if fmap is None else getattr(fmap, "__qualname__", repr(fmap))
 
-    def name(x):
-        return None if x is None else (x if isinstance(x, str) else getattr(x, "__qualname__", repr(x)))
-
-    def shape(x, i):
-        return int(x.shape[i]) if isinstance(x, torch.Tensor) and x.dim() == 4 else None
+    def plain(x):  # compared with == on every rank: anything else by its repr
+        return x if x is None or isinstance(x, (bool, int, float, str)) else repr(x)
 
     return {
-        "rule": rule, "B": shape(q, 0), "H": shape(q, 2), "Dq": shape(q, 3), "Dv": shape(v, 3), "Dk": None,
-        "T": shape(q, 1), "dtype": str(getattr(q, "dtype", None)), "state_dtype": str(state_dtype),
-        "device_type": getattr(getattr(q, "device", None), "type", None), "normalize": normalize,
-        "feature_map": name(fmap), "scale": scale, "eps": eps, "eps_mode": eps_mode,
-        "gate": None if not isinstance(g, torch.Tensor) else ("channel" if g.dim() == 4 else "head"),
-        "grad": grad, "backend": backend if isinstance(backend, str) else repr(backend), "error": None,
+        "rule": call.rule, "B": call.B, "H": call.Hq, "Dq": call.d_in, "Dv": call.Dv, "Dk": call.Dk, "T": call.T,
+        "dtype": str(q.dtype), "state_dtype": str(state_dtype), "device_type": q.device.type,
+        "normalize": call.normalize, "feature_map": name, "scale": plain(call.scale), "eps": plain(call.eps),
+        "eps_mode": call.eps_mode, "gate": call.gate, "grad": call.grad, "backend": call.backend, "error": None,
     }
 
 
@@ -184,34 +183,32 @@ def linear_attention(
     before any state is exchanged. Every rank must also run the backward if any does.
     """
     rank, world = _group_info(group)
-    fmap = resolve_feature_map(feature_map)
-    if normalize is None:
-        normalize = rule not in DELTA_RULES
-    dtype = state_dtype or (torch.float64 if getattr(q, "dtype", None) == torch.float64 else torch.float32)
-    tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
-    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tracked)
-    desc = _describe(q, k, v, g, rule, normalize, fmap, scale, eps, eps_mode, state_dtype, grad, backend)
-
-    # Local phase: validate and compute this segment's map and zero-start outputs. An error is held back until
-    # every rank has reported, so that no rank is left waiting in a collective.
+    # Everything below that can fail runs inside the agreement: every argument is checked (and the local segment
+    # computed) before the one collective where each rank reports its descriptor or its error, so that a bad
+    # argument on one rank raises on every rank instead of leaving the others waiting in a collective.
+    desc: dict = dict.fromkeys(_AGREE) | {"T": None, "error": None}
     error = None
     try:
-        kernels.check_backend(backend)
-        api._check_flag("output_final_state", output_final_state)
-        if normalize and rule in DELTA_RULES:
-            raise ValueError(f"normalize=True: rule {rule!r} defines no normalizer z; pass normalize=False or None")
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool or None, got {type(normalize).__name__}")
         if rank > 0 and initial_state is not None:
             raise ValueError(f"initial_state is given on rank {rank}; pass it on rank 0 only (None on ranks > 0)")
-        _check_local(q, k, v, cu_seqlens)
-        call = dict(rule=rule, feature_map=fmap, scale=scale, eps=eps, eps_mode=eps_mode, g=g, beta=beta,
-                    output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend)
+        if cu_seqlens is not None:
+            raise ValueError("cu_seqlens: packed variable-length batches are not supported by linattn.distributed; "
+                             "split one sequence per batch row across the ranks")
+        call = prepare(q, k, v, rule=rule, form="chunk", feature_map=feature_map, normalize=normalize, scale=scale,
+                       eps=eps, eps_mode=eps_mode, g=g, beta=beta, initial_state=initial_state,
+                       output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
+                       cu_seqlens=None, backend=backend)
+        if call.H != call.Hq:
+            raise ValueError(f"v has {call.H} heads but q has {call.Hq}: grouped value heads are not supported by "
+                             "linattn.distributed")
+        desc = _describe(call, q, state_dtype)
+        normalize, dtype = call.normalize, call.dtype
+        local = dict(rule=rule, feature_map=call.fmap, scale=scale, eps=eps, eps_mode=eps_mode, g=g, beta=beta,
+                     output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend)
         if rank == 0:
-            o, S_loc = _first_segment(q, k, v, initial_state, normalize, rule, call)
+            o, S_loc = _first_segment(q, k, v, initial_state, normalize, rule, local)
         else:  # in the accumulation dtype: these outputs are corrected before they are rounded
-            o, S_loc, qf = _later_segment(q.to(dtype), k.to(dtype), v.to(dtype), normalize, rule, call)
-        desc["Dk"] = int(S_loc.shape[-2])
+            o, S_loc, qf = _later_segment(q.to(dtype), k.to(dtype), v.to(dtype), normalize, rule, local)
     except Exception as exc:  # noqa: BLE001 - any local failure must reach the other ranks, not strand them
         error, desc["error"] = exc, f"{type(exc).__name__}: {exc}"
     try:
@@ -238,22 +235,8 @@ def linear_attention(
             o = normalized_read(o, eps, eps_mode)  # the library's one eps convention
     final = None
     if output_final_state:
-        final = api._split(S_out.to(dtype), normalize, rule, feature_map)  # records rule and feature map
+        final = split_state(S_out.to(dtype), normalize, rule, feature_map)  # records rule and feature map
     return o.to(v.dtype), final
-
-
-def _check_local(q, k, v, cu_seqlens) -> None:
-    if cu_seqlens is not None:
-        raise ValueError("cu_seqlens: packed variable-length batches are not supported by linattn.distributed; "
-                         "split one sequence per batch row across the ranks")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4 or not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point [B, T, H, D] tensor, got {x.dtype} {tuple(x.shape)}")
-    if v.shape[2] != q.shape[2]:
-        raise ValueError(f"v has {v.shape[2]} heads but q has {q.shape[2]}: grouped value heads are not supported "
-                         "by linattn.distributed")
 
 
 def _first_segment(q, k, v, initial_state, normalize, rule, call):

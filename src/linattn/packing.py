@@ -34,30 +34,11 @@ from __future__ import annotations
 
 import torch
 
-from linattn import api, kernels
-from linattn.feature_maps import resolve_feature_map
+from linattn.call import Call
+from linattn.layout import split_state, state_tensor, with_ones_column
 from linattn.ops.common import normalized_read
+from linattn.runner import compiled, run, segment_call
 from linattn.state import State
-
-
-def check_cu_seqlens(cu_seqlens: object, T: int, B: int, device) -> torch.Tensor:
-    """``cu_seqlens`` as an int64 tensor ``[N + 1]`` on ``device``, after checking it describes T tokens."""
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise TypeError(f"cu_seqlens must be a torch.Tensor of ints, got {type(cu_seqlens).__name__}")
-    if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
-        raise TypeError(f"cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-        raise ValueError(f"cu_seqlens must be 1-D [N + 1] with N >= 1, got shape {tuple(cu_seqlens.shape)}")
-    if B != 1:
-        raise ValueError(f"cu_seqlens: packed sequences need batch size 1 (all sequences in one row), got B = {B}")
-    if cu_seqlens.is_meta:
-        raise ValueError("cu_seqlens is on the meta device: its values (the sequence boundaries) are needed")
-    cu = cu_seqlens.to(device=device, dtype=torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != T:
-        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {int(cu[0])} ... {int(cu[-1])}")
-    if bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be nondecreasing, got {cu.tolist()}")
-    return cu
 
 
 def plan_segment(lengths: torch.Tensor, chunk_size: int, slack: float = 1.5) -> int:
@@ -114,86 +95,38 @@ class _Segment:
         return o.reshape(self.rows * self.width, *o.shape[2:])[self.dst]
 
 
-def packed_linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    *,
-    rule: str,
-    form: str,
-    feature_map,
-    normalize: bool | None,
-    scale: float | None,
-    eps: float,
-    eps_mode: str,
-    g: torch.Tensor | None,
-    beta: torch.Tensor | None,
-    initial_state: State | None,
-    output_final_state: bool,
-    chunk_size: int,
-    state_dtype: torch.dtype | None,
-    backend: str = "auto",
-) -> tuple[torch.Tensor, State | None]:
-    """:func:`linattn.linear_attention` with ``cu_seqlens`` (same arguments; see the module docstring)."""
-    # The checks of the unpacked call, in the same order, before any work.
-    mod = api._rule_module(rule)
-    api._check_form(mod, rule, form)
-    kernels.check_backend(backend)
-    api._check_qkv(q, k, v, 4)
-    api._check_scalars(eps, eps_mode, scale, chunk_size)
-    api._check_flag("output_final_state", output_final_state)
-    B, T = q.shape[:2]
-    HV, Dv = v.shape[-2:]
-    cu = check_cu_seqlens(cu_seqlens, T, B, q.device)
-    normalize = api._resolve_normalize(rule, normalize)
-    dtype = api._compute_dtype(q.dtype, state_dtype)
-    fmap = resolve_feature_map(feature_map)
-    probe = api._features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0]
-    Dk = probe.shape[-1]  # the feature width
-    api._check_gate_and_beta(rule, g, beta, (B, T, HV), Dk, q.device)
+def run_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tuple[torch.Tensor, State | None]:
+    """A prepared packed call (``call.cu_seqlens`` set; see the module docstring): outputs ``[1, T, H, Dv]`` and,
+    if asked, the N final states. The segments run as prepared calls of their own, never checked again."""
+    cu, dtype, normalize = call.cu_seqlens, call.dtype, call.normalize
     lengths = cu[1:] - cu[:-1]
     N = lengths.numel()
-    S0 = None
-    if initial_state is not None:
-        S_in = getattr(initial_state, "S", None)
-        if isinstance(initial_state, State) and isinstance(S_in, torch.Tensor) and S_in.dim() == 4 and (
-                S_in.shape[0] != N):
-            raise ValueError(f"initial_state holds {S_in.shape[0]} states but cu_seqlens describes N = {N} sequences; "
-                             "a packed call takes one initial state per sequence, [N, H, Dk, Dv]")
-        api._check_state(initial_state, N, HV, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
-                         d_in=q.shape[-1])
-        S0 = State(api._augmented(initial_state, dtype) if normalize else initial_state.S.to(dtype))
     vv = v.to(dtype)
     if normalize:
-        vv = api._with_ones_column(vv)
-    S = torch.zeros(N, HV, Dk, vv.shape[-1], dtype=dtype, device=q.device) if S0 is None else S0.S
+        vv = with_ones_column(vv)
+    if initial_state is None:
+        S = torch.zeros(N, call.H, call.Dk, vv.shape[-1], dtype=dtype, device=q.device)
+    else:
+        S = state_tensor(initial_state, normalize, dtype)
     # A compiled backend runs the packed tokens directly, one state per sequence (no padding, no segments).
-    kernels.check_backend(backend)
-    tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
-    # A callable feature map may carry parameters: its output on one token tells whether autograd is needed.
-    grad = torch.is_grad_enabled() and (probe.requires_grad or any(t is not None and t.requires_grad for t in tracked))
-    fast = kernels.linear_attention(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=S,
-                                    fmap=fmap, scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode,
-                                    grad=grad, chunk_size=chunk_size, cu_seqlens=cu)
+    fast = compiled(call, q, k, v, g, beta, S, cu_seqlens=cu)
     if fast is not None:
-        return fast[0], (api._split(fast[1], normalize, rule, feature_map) if output_final_state else None)
-    seg = plan_segment(lengths.cpu(), chunk_size)
+        return fast[0], (split_state(fast[1], normalize, call.rule, call.feature_map) if call.output_final_state
+                         else None)
+    seg = plan_segment(lengths.cpu(), call.chunk_size)
+    # q and k in the state dtype, as v: the unpacked call maps features in that dtype too.
+    qq, kk = q.to(dtype), k.to(dtype)
     sources, outputs = [], []
     for j in range(-(-int(lengths.max()) // seg)):  # segments, each one call over all running sequences
         part = _Segment(cu, lengths, j, seg)
-        o, S_part = api.linear_attention(
-            part.pad(q, False), part.pad(k, False), part.pad(vv, True), rule=rule, form=form, feature_map=fmap,
-            normalize=False, scale=scale, g=part.pad(g, True), beta=part.pad(beta, True),
-            initial_state=State(S[part.active]),
-            output_final_state=True, chunk_size=chunk_size, state_dtype=dtype, backend=backend,
-        )
-        S = S.index_copy(0, part.active, S_part.S.to(S.dtype))  # out of place: autograd keeps each segment's
+        o, S_part = run(segment_call(call, part.rows, part.width), part.pad(qq, False), part.pad(kk, False),
+                        part.pad(vv, True), part.pad(g, True), part.pad(beta, True), S[part.active])
+        S = S.index_copy(0, part.active, S_part.to(S.dtype))  # out of place: autograd keeps each segment's
         sources.append(part.src)
         outputs.append(part.unpad(o))
     o = torch.cat(outputs)
     o = o.new_empty(o.shape).index_copy_(0, torch.cat(sources), o).unsqueeze(0)  # back to packed order
     if normalize:
-        o = normalized_read(o, eps, eps_mode)
-    final = api._split(S, normalize, rule, feature_map) if output_final_state else None  # recorded as this call's
+        o = normalized_read(o, call.eps, call.eps_mode)
+    final = split_state(S, normalize, call.rule, call.feature_map) if call.output_final_state else None
     return o.to(v.dtype).contiguous(), final

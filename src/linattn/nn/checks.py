@@ -1,8 +1,8 @@
 """Argument checks the :mod:`linattn.nn` modules share, so that a bad argument is a ``ValueError``/``TypeError``
 naming it, raised before any work, never a traceback from inside torch.
 
-Tensor-valued rules the public API already has are reused from there (``packing.check_cu_seqlens``,
-``api._check_form``, ``api._check_flag``, ``kernels.check_backend``); what only a module knows (its width, its
+Rules the public API already has are reused from :mod:`linattn.checks` (``check_cu_seqlens``, ``check_form``,
+``check_flag``, ``check_backend``); what only a module knows (its width, its
 parameters' dtype and device, what its cache must hold) is checked here.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from linattn.packing import check_cu_seqlens
+from linattn.checks import check_cu_seqlens
 
 
 def check_int(name: str, value: object, minimum: int = 1) -> int:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import linattn
-from linattn import api, kernels
+from linattn import checks
 from linattn.feature_maps import feature_map_name, resolve_feature_map
 from linattn.nn.checks import (
     check_cache_tensor,
@@ -158,13 +158,11 @@ class LinearAttention(nn.Module):
         check_optional_int("num_v_heads", num_v_heads)
         check_optional_int("v_head_dim", v_head_dim)
         # The API's own checks, up front: a bad value fails here, not at the first forward.
-        mod = api._rule_module(rule)
-        api._check_form(mod, rule, form)
-        api._check_scalars(0.0, "add", None, chunk_size)
-        kernels.check_backend(backend)
-        if state_dtype is not None:
-            api._compute_dtype(torch.float32, state_dtype)  # the API's check: a floating torch.dtype
-        api._check_flag("output_gate", output_gate)
+        checks.check_form(checks.rule_module(rule), rule, form)
+        checks.check_chunk_size(chunk_size)
+        checks.check_backend(backend)
+        checks.compute_dtype(torch.float32, state_dtype)  # the API's check: None or a floating torch.dtype
+        checks.check_flag("output_gate", output_gate)
         check_optional_bool("per_channel_gate", per_channel_gate)
         if per_channel_gate and rule not in GATED_RULES:
             raise ValueError(f"per_channel_gate=True: rule {rule!r} has no gate; use rule='gated' or 'gated_delta'")
@@ -180,7 +178,7 @@ class LinearAttention(nn.Module):
         elif isinstance(self.feature_map, str):
             self._key_width = fmap(torch.zeros(1, head_dim)).shape[-1]
         self.normalize = (False if rule == "gated" else None) if normalize is None else normalize
-        self._normalized = api._resolve_normalize(rule, self.normalize)  # True is refused for the delta rules
+        self._normalized = checks.resolve_normalize(rule, self.normalize)  # True is refused for the delta rules
         self.rule, self.form, self.chunk_size, self.backend = rule, form, chunk_size, backend
         self.state_dtype = state_dtype
         self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim

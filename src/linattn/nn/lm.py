@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import linattn
-from linattn import kernels
+from linattn import checks
 from linattn.nn.checks import check_int, check_optional_int, check_packing
 from linattn.nn.layers import LinearAttention, RMSNorm, SoftmaxAttention
 
@@ -82,7 +82,7 @@ class CausalLM(nn.Module):
                             ("num_heads", num_heads), ("head_dim", head_dim)):
             check_int(name, value)
         check_optional_int("intermediate_size", intermediate_size)
-        kernels.check_backend(backend)
+        checks.check_backend(backend)
         allowed = [p.name for p in inspect.signature(LinearAttention).parameters.values()
                    if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("rule", "backend")]
         unknown = sorted(set(linear_kwargs) - set(allowed))

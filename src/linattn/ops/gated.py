@@ -125,7 +125,7 @@ def _sub_block(C: int, limit: int = 8) -> int:
     return max(d for d in range(1, min(C, limit) + 1) if C % d == 0)
 
 
-def _intra_per_channel(q, k, G):
+def intra_per_channel(q, k, G):
     """A_ij = sum_c q_ic k_jc exp(G_ic - G_jc) for j <= i inside each chunk, without overflow.
 
     Split the chunk into m sub-blocks of s tokens. For a key j before query sub-block I, factor the decay through
@@ -185,7 +185,7 @@ def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64, scale=1.0
         else:
             q_in = (qc * exp_in(Gc, dt)).view(-1, C, Dk)
             if _per_channel(g, q):
-                A = _intra_per_channel(qc, kc, Gc).view(-1, C, C)
+                A = intra_per_channel(qc, kc, Gc).view(-1, C, C)
             else:
                 A = torch.bmm(q2, k2.transpose(1, 2)) * masked_exp_diff(Gc[..., 0], dt).view(-1, C, C)
         k_out = (kc * exp_in(G_last - Gc, dt)).view(-1, C, Dk)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from linattn.ops.common import carry_dtype, exp_in, gate_factors, log_cumsum, masked_exp_diff, to_chunks
-from linattn.ops.gated import _intra_per_channel
+from linattn.ops.gated import intra_per_channel
 
 
 # ---------------------------------------------------------------------------------------------- recurrent
@@ -93,8 +93,8 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
             A = torch.bmm(k_in, k_back).tril_(-1) * b2
             P = torch.bmm(q_in, k_back).tril_()
         elif per_channel:  # the decay differs per channel: sub-blocks as in the gated rule (the solve ignores diag)
-            A = _intra_per_channel(kc, kc, Gc).view(-1, C, C) * b2
-            P = _intra_per_channel(qc, kc, Gc).view(-1, C, C)
+            A = intra_per_channel(kc, kc, Gc).view(-1, C, C) * b2
+            P = intra_per_channel(qc, kc, Gc).view(-1, C, C)
         else:
             decay_ij = masked_exp_diff(Gc[..., 0], dt).view(-1, C, C)  # the solve below ignores its diagonal
             A = torch.bmm(k2, k2.transpose(1, 2)) * b2 * decay_ij

@@ -1,0 +1,245 @@
+"""The compiled CPU backend (``backend="cpu"``, and ``"auto"`` where it was measured faster): the glue between
+the dispatch (:mod:`linattn.backends`) and the numba kernels in :mod:`linattn.kernels.cpu_numba` (prefill, its
+backward, the general step) and :mod:`linattn.kernels.cpu_decode` (the batch-1 decode step).
+
+It runs from a float32 state on CPU tensors (float32, bfloat16 or float16 inputs, converted once), with grouped
+value heads, per-channel gates on every gated rule and packed sequences (one state per sequence, no padding). The
+prefill has a compiled backward (a reverse-time token loop from state checkpoints); a double backward
+(``create_graph=True``) recomputes in the torch chunk forms instead, so second derivatives are exact. If numba is
+missing or fails to load, the torch forms run after one warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from linattn.ops import gated as ops_gated
+from linattn.ops import gated_delta as ops_gated_delta
+
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
+# Tokens between the state checkpoints the compiled forward keeps for its backward: the backward recomputes one
+# segment's states into a buffer of CHECKPOINT_EVERY x Dk x Dw per head (512 KiB at D = 64: it stays in L2).
+CHECKPOINT_EVERY = 32
+
+_numba = None
+_failed: str | None = None
+_decode = None
+
+
+def load():
+    """The numba module, or None (after one warning per process) when it cannot be imported."""
+    global _numba, _failed
+    if _numba is None and _failed is None:
+        try:
+            mod = importlib.import_module("linattn.kernels.cpu_numba")
+        except Exception as exc:  # ImportError, or a numba/llvmlite that fails to initialize
+            _failed = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"linattn: compiled CPU kernels unavailable ({_failed}); using the torch forms",
+                          RuntimeWarning, stacklevel=5)
+        else:
+            _numba = mod
+    return _numba
+
+
+def loaded() -> bool:
+    """Whether the numba module is already loaded (no import attempted)."""
+    return _numba is not None
+
+
+def decode_module():
+    """:mod:`linattn.kernels.cpu_decode`, or None when numba cannot load."""
+    global _decode
+    if _decode is None and load() is not None:
+        _decode = importlib.import_module("linattn.kernels.cpu_decode")
+    return _decode
+
+
+def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
+    """Why the CPU kernel cannot take this call, or None when it can. ``tensors`` is (q, k, v, g, beta); ``grad``:
+    the call needs a backward the kernel lacks (the decode step has none; prefill has one).
+
+    Inputs the kernel does not know (passed through ``extra``) go to the torch forms.
+    """
+    unknown = [name for name, x in (extra or {}).items() if x is not None]
+    if unknown:
+        return f"it does not take {', '.join(unknown)}"
+    if grad:
+        return "it has no backward (inputs require grad)"
+    if state.device.type != "cpu" or any(t is not None and t.device.type != "cpu" for t in tensors):
+        return "it runs on CPU tensors only"
+    if state.dtype != torch.float32:
+        return f"it keeps a float32 state, got state dtype {state.dtype}"
+    if any(t is not None and t.dtype not in INPUT_DTYPES for t in tensors):
+        return f"it takes {[str(d) for d in INPUT_DTYPES]} inputs"
+    return None
+
+
+def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
+    """float32, contiguous NumPy view (a copy only when the dtype or the layout differs), reshaped, or None.
+
+    Written for decode, where each torch call costs about a microsecond: NumPy reshapes cost a tenth of that.
+    """
+    if x is None:
+        return None
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        x = x.to(torch.float32).contiguous()
+    a = (x.detach() if x.requires_grad else x).numpy()
+    return a if shape is None else a.reshape(shape)
+
+
+def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
+            cu_seqlens: torch.Tensor | None):
+    """Whole sequence(s) on the numba kernel; arguments as :func:`linattn.backends.linear_attention` takes them.
+    Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state(s) in the augmented layout."""
+    B, T, Hq, _ = q.shape
+    H, Dv = v.shape[-2:]
+    cu = (np.arange(B + 1, dtype=np.int64) * T if cu_seqlens is None
+          else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
+    qf, kf = q.to(torch.float32), k.to(torch.float32)
+    if fmap is not None:
+        qf, kf = fmap(qf), fmap(kf)
+    Dk = qf.shape[-1]
+    scale = Dk**-0.5 if scale is None else float(scale)
+    if g is not None and g.dim() == 3:
+        g = g.unsqueeze(-1)  # one gate per head: [B, T, H, 1]
+    flat = (B * T, H)  # the kernels see the batch as packed rows: cu = [0, T, 2T, ...]
+    if grad:
+        return with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq)
+    ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
+    o = torch.empty(B * T, H, Dv, dtype=torch.float32)
+    _numba.prefill(f32(qf, (B * T, Hq, Dk)), f32(kf, (B * T, Hq, Dk)), f32(v, (*flat, Dv)), f32(g, (*flat, -1)),
+                   f32(beta, flat), cu, ST.numpy(), o.numpy(), scale=scale, eps=float(eps),
+                   clamp=eps_mode == "clamp", normalize=normalize)
+    return o.view(B, T, H, Dv).to(v.dtype), ST.transpose(-1, -2).contiguous()
+
+
+def with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq):
+    """The compiled prefill inside autograd. Around the kernel everything stays torch, so autograd differentiates
+    it: the feature map (already applied), the grouping of value heads (q and k repeated to every value head, so
+    their gradients sum over the group), the casts to float32, and the normalizer (the kernel reads [v | 1]
+    unnormalized; the division happens here)."""
+    if H != Hq:
+        qf, kf = qf.repeat_interleave(H // Hq, dim=-2), kf.repeat_interleave(H // Hq, dim=-2)
+    Dk, Dv = qf.shape[-1], v.shape[-1]
+    vw = v.to(torch.float32)
+    if normalize:
+        vw = torch.cat([vw, torch.ones_like(vw[..., :1])], dim=-1)
+    Dw = vw.shape[-1]
+    flat = (B * T, H)
+    o, S = CompiledPrefill.apply(
+        qf.reshape(*flat, Dk), kf.reshape(*flat, Dk), vw.reshape(*flat, Dw),
+        None if g is None else g.to(torch.float32).reshape(*flat, -1),
+        None if beta is None else beta.to(torch.float32).reshape(flat), state, cu, scale, CHECKPOINT_EVERY)
+    if normalize:
+        num, den = o[..., :Dv], o[..., Dv:]
+        o = num / (den + eps if eps_mode == "add" else den.clamp_min(eps))
+    return o.view(B, T, H, Dv).to(v.dtype), S
+
+
+class CompiledPrefill(torch.autograd.Function):
+    """The compiled token loop with a compiled backward (:func:`linattn.kernels.cpu_numba.backward`).
+
+    Inputs: float32 ``q, k [T, H, Dk]`` (already at the value heads), ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]`` or
+    None, ``beta [T, H]`` or None, ``S0 [N, H, Dk, Dw]``, then ``cu`` (int64 NumPy), the scale and the checkpoint
+    spacing. Returns the unnormalized read ``[T, H, Dw]`` and the final states ``[N, H, Dk, Dw]``. Saved for the
+    backward: the inputs and one state every ``every`` tokens (T / every states per head).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, S0, cu, scale, every):
+        ST = S0.detach().to(torch.float32).transpose(-1, -2).contiguous()
+        o = torch.empty(v.shape, dtype=torch.float32)
+        ckpt = _numba.prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, ST.numpy(), o.numpy(),
+                                   scale=scale, eps=0.0, clamp=False, normalize=False, every=every)
+        ctx.save_for_backward(q, k, v, g, beta, S0)
+        ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
+        return o, ST.transpose(-1, -2).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_S):
+        if torch.is_grad_enabled():  # create_graph=True: the gradient itself will be differentiated
+            return exact_backward(ctx, grad_o, grad_S)
+        q, k, v, g, beta, _ = ctx.saved_tensors
+        N, H, Dk, Dw = len(ctx.cu) - 1, q.shape[1], q.shape[2], v.shape[2]
+        dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
+               else grad_S.to(torch.float32).transpose(-1, -2).contiguous())
+        do = torch.zeros(v.shape) if grad_o is None else grad_o.to(torch.float32).contiguous()
+        dq, dk, dv, dg, dbeta = _numba.backward(
+            f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, dST.numpy(), do.numpy(),
+            scale=ctx.scale, every=ctx.every)
+        t = torch.from_numpy
+        return (t(dq), t(dk), t(dv), None if dg is None else t(dg), None if dbeta is None else t(dbeta),
+                dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None)
+
+
+def exact_backward(ctx, grad_o, grad_S):
+    """The compiled prefill's gradient as a differentiable function of its inputs (for Hessian-vector products and
+    gradient penalties): the forward recomputed in the torch chunk forms, differentiated with ``create_graph``."""
+    inputs = ctx.saved_tensors
+    wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
+    with torch.enable_grad():
+        o, S = torch_prefill(*inputs, ctx.cu, ctx.scale)
+    pairs = [(out, gr) for out, gr in ((o, grad_o), (S, grad_S)) if gr is not None]
+    got = torch.autograd.grad([p[0] for p in pairs], [inputs[i] for i in wanted], [p[1] for p in pairs],
+                              create_graph=True, allow_unused=True)
+    grads: list = [None] * 9
+    for i, gr in zip(wanted, got, strict=True):
+        grads[i] = torch.zeros_like(inputs[i]) if gr is None else gr
+    return tuple(grads)
+
+
+def torch_prefill(q, k, v, g, beta, S0, cu, scale):
+    """What :class:`CompiledPrefill` computes, in the torch chunk forms (differentiable to any order), one packed
+    sequence at a time: ``q, k [T, H, Dk]``, ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]``, ``beta [T, H]``, ``S0 [N, H,
+    Dk, Dw]``; returns the unnormalized read ``[T, H, Dw]`` and the final states ``[N, H, Dk, Dw]``."""
+    outs, finals = [], []
+    for i in range(len(cu) - 1):
+        a, b = int(cu[i]), int(cu[i + 1])
+        if a == b:  # an empty sequence passes its state through
+            finals.append(S0[i])
+            continue
+
+        def heads_first(x, a=a, b=b):  # [T, H, ...] -> [1, H, L, ...]
+            return None if x is None else x[a:b].transpose(0, 1).unsqueeze(0)
+
+        gi = heads_first(g)
+        if gi is not None and gi.shape[-1] == 1:
+            gi = gi[..., 0]  # one gate per head
+        form = ops_gated.chunk if beta is None else ops_gated_delta.chunk
+        o, S = form(heads_first(q), heads_first(k), heads_first(v), g=gi, beta=heads_first(beta),
+                    initial_state=S0[i:i + 1], scale=scale)
+        outs.append(o[0].transpose(0, 1))
+        finals.append(S[0].to(S0.dtype))
+    o = torch.cat(outs) if outs else v.new_zeros(v.shape)
+    return o, torch.stack(finals)
+
+
+def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend):
+    """One decode token on the numba kernel (the general step: any batch, threads over heads); arguments as
+    :func:`linattn.backends.step` takes them. None when the torch form should run (a strided state in place)."""
+    if not state.is_contiguous():
+        if inplace and backend == "cpu":
+            raise ValueError("backend='cpu' cannot run this call: it updates a contiguous state in place, and "
+                             "inplace=True was given a strided one; use backend='auto' or 'torch', or pass "
+                             "state.clone()")
+        if inplace:
+            return None  # the torch form updates a strided state where it lies
+        state = state.contiguous()
+    if not inplace:
+        state = state.detach().clone()
+    B, H, Dk = q.shape
+    Dv = v.shape[-1]
+    o = torch.empty(B, H, Dv, dtype=torch.float32)
+    # One token is a sequence of length 1: [B, H, ...] -> [B, 1, H, ...] views.
+    _numba.run(f32(q, (B, 1, H, Dk)), f32(k, (B, 1, H, Dk)), f32(v, (B, 1, H, Dv)),
+               f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), f32(beta, (B, 1, H)),
+               state.detach().numpy(), o.numpy().reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
+               clamp=eps_mode == "clamp", normalize=normalize)
+    if inplace:
+        torch.autograd.graph.increment_version(state)  # written through NumPy: autograd must know
+    return o.to(v.dtype), state

@@ -1,0 +1,278 @@
+"""The one decode route of :func:`linattn.step` and :class:`Decoder`: :func:`fast_step` (one compiled call for
+the plain CPU case, proven from attribute reads before any check), else :func:`run_step` on a prepared call: the
+compiled step of the backend (:func:`linattn.backends.step`: numba or Triton) where it takes the call, else the
+rule's torch ``step``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from linattn import backends, checks
+from linattn.call import Call, prepare_step
+from linattn.feature_maps import resolve_feature_map
+from linattn.layout import features, group_heads, split_state, state_tensor, with_ones_column
+from linattn.ops import DELTA_RULES, GATED_RULES, RULES
+from linattn.ops.common import normalized_read
+from linattn.state import State
+
+_F32 = torch.float32
+_Tensor = torch.Tensor
+
+
+def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_map: str, normalized: bool) -> State:
+    """A State from tensors this module just made in the layout ``State`` checks for (decode's fast path: the
+    checks of ``State.__post_init__`` would cost more than the step's kernel)."""
+    state = object.__new__(State)
+    state.__dict__.update(S=S, z=z, rule=rule, feature_map=feature_map, normalized=normalized)
+    return state
+
+
+def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
+               backend) -> tuple[torch.Tensor, State] | None:
+    """The decode step of :func:`step` in one compiled call, or None when the call is not the plain case.
+
+    At batch 1 the checks and the torch ops around a step cost as much as the step itself. So this proves, with
+    attribute reads only (each ~50 ns, where a torch op costs ~1 us), that the call is valid and needs nothing the
+    compiled kernel lacks: float32 contiguous CPU tensors outside autograd, a built-in elementwise or L2 feature
+    map, a state in linattn's own layout (made for this rule and map, or with no record, as State.zeros makes it).
+    Anything else, and any bad gate value (the kernel checks them before writing), goes through the full path,
+    which gives the result or the error that names the argument. Nothing is cached between calls: every fact is
+    read again (a tensor's layout can change in place). The checks are written out inline because a helper
+    function call costs as much as two of them.
+    """
+    kd = backends.decode_kernel(backend)
+    if kd is None or type(state) is not State or not (inplace is True or inplace is False):
+        return None
+    code = kd.FEATURE_CODES.get(feature_map) if feature_map is None or type(feature_map) is str else None
+    if code is None:
+        return None
+    if normalize is None:
+        normalize = rule not in DELTA_RULES
+    elif not (normalize is False or (normalize is True and rule not in DELTA_RULES)):
+        return None  # not a bool, or a delta rule asked to normalize: the full path says why
+    # A state with no record (State.zeros, State(S, z)) is checked by its layout alone, as the full path does.
+    fmap_name = feature_map or "identity"
+    recorded = state.rule is not None
+    if recorded and (state.rule != rule or state.normalized is not normalize or state.feature_map != fmap_name):
+        return None
+    if rule not in RULES or not (state_dtype is None or state_dtype is _F32):
+        return None
+    if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
+        return None
+    # q, k [B, Hq, D], v [B, HV, Dv]: plain float32 contiguous CPU tensors outside autograd
+    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
+        return None
+    if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu):
+        return None
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        return None
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        return None
+    q_shape, v_shape = q.shape, v.shape
+    if len(q_shape) != 3 or len(v_shape) != 3 or k.shape != q_shape:
+        return None
+    (B, Hq, D), (B_v, HV, Dv) = q_shape, v_shape
+    if B_v != B or not (B and Hq and D and HV and Dv) or HV % Hq:
+        return None
+    if scale is None:
+        scale = D**-0.5
+    elif not (type(scale) is float and math.isfinite(scale)):
+        return None
+    gated, delta = rule in GATED_RULES, rule in DELTA_RULES
+    gate_width = 0
+    if gated:  # g [B, HV] or, for gated, [B, HV, D] (per-channel gates on a delta rule, Kimi Delta: the torch form)
+        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
+            return None
+        g_shape = g.shape
+        if g_shape == (B, HV):
+            gate_width = 1
+        elif g_shape == (B, HV, D) and not delta:
+            gate_width = D
+        else:
+            return None
+    elif g is not None:
+        return None
+    if delta:  # beta [B, HV]
+        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+                and not beta.requires_grad and beta.shape == (B, HV)):
+            return None
+    elif beta is not None:
+        return None
+    # The state: S [B, HV, D, Dv] as columns of one contiguous [B, HV, D, Dw] buffer, z (normalized) its last column.
+    S, z = state.S, state.z
+    Dw = Dv + 1 if normalize else Dv
+    if type(S) is not _Tensor or S.dtype is not _F32 or not S.is_cpu or S.requires_grad or S.shape != (B, HV, D, Dv):
+        return None
+    if S.stride() != (HV * D * Dw, D * Dw, Dw, 1):
+        return None
+    S_at = S.data_ptr()
+    if normalize:  # z must be that buffer's last column (and cover it: the kernel writes its last element)
+        if (type(z) is not _Tensor or z.dtype is not _F32 or z.requires_grad or z.data_ptr() != S_at + 4 * Dv
+                or z.stride() != (HV * D * Dw, D * Dw, Dw) or z.shape != (B, HV, D)):
+            return None
+    elif z is not None:
+        return None
+    if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
+        return None  # batch decode: the general path splits the heads over threads
+    if inplace:
+        if S.is_inference() and not torch.is_inference_mode_enabled():
+            return None
+        out = S_at
+    else:  # the kernel reads the old state and writes the new one into a fresh buffer: no copy first
+        buf = S.new_empty((B, HV, D, Dw))
+        out = buf.data_ptr()
+    o = torch.empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
+    status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0,
+                       beta.data_ptr() if delta else 0, S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, gate_width, code,
+                       eps_mode == "clamp", normalize, delta, scale, eps)
+    if status != kd.OK:
+        return None  # nothing was written; the full path raises the error that names the gate
+    if inplace:
+        # The kernel wrote through a raw pointer: tell autograd, so a graph that saved this state refuses to use
+        # the overwritten values instead of computing a wrong gradient from them.
+        torch.autograd.graph.increment_version(S)
+        return o, (state if recorded else trusted_state(S, z, rule, fmap_name, normalize))
+    if normalize:
+        return o, trusted_state(buf[..., :Dv], buf[..., Dv], rule, fmap_name, True)
+    return o, trusted_state(buf, None, rule, fmap_name, False)
+
+
+
+def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -> tuple[torch.Tensor, State]:
+    """A prepared decode step off the fast path: the compiled step where the backend takes it, else the rule's
+    torch step."""
+    dtype, normalize, H = call.dtype, call.normalize, call.H
+    qf, kf, scale = features(q.to(dtype), k.to(dtype), call.fmap, call.scale)
+    qf, kf = group_heads(qf, H), group_heads(kf, H)
+    # Decode is dominated by per-op overhead, so save one: with the normalizer, (s q)^T S / ((s q)^T z + eps)
+    # equals q^T S / (q^T z + eps / s) for s > 0 (clamp alike), and the scale moves into eps.
+    fold_scale = normalize and scale > 0
+    if not fold_scale:
+        qf = qf * scale
+    eps = call.eps / scale if fold_scale else call.eps
+    if state is None:
+        state = State.zeros(call.B, H, call.Dk, call.Dv, normalizer=normalize, dtype=dtype, device=q.device)
+    S = state_tensor(state, normalize, dtype)
+    into = state if inplace else None
+    fast = backends.step(call.backend, rule=call.rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
+                        eps=eps, eps_mode=call.eps_mode, inplace=inplace)
+    if fast is not None:
+        return fast[0], split_state(fast[1], normalize, call.rule, call.feature_map, into=into)
+    vv = with_ones_column(v.to(dtype)) if normalize else v.to(dtype)
+    o, S = call.ops.step(qf, kf, vv, g=None if g is None else g.to(dtype),
+                         beta=None if beta is None else beta.to(dtype), state=S, inplace=inplace)
+    if normalize:
+        o = normalized_read(o, eps, call.eps_mode)
+    return o.to(v.dtype), split_state(S, normalize, call.rule, call.feature_map, into=into)
+
+
+class Decoder:
+    """A prepared decode loop: the arguments that stay fixed over a generation are checked once, here; each call
+    checks only what can change (shapes, dtypes, devices and layouts of q, k, v, g, beta and the state; the gate
+    and beta values) and updates :attr:`state` in place.
+
+    ``dec = linattn.Decoder(state, rule=..., feature_map=None, scale=None, normalize=None, eps=1e-6,
+    eps_mode="add", backend="auto")``; ``o = dec(q, k, v, g=None, beta=None)`` with the shapes of
+    :func:`linattn.step` returns ``o [B, HV, Dv]``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)``
+    would, and raises the same errors for bad input. ``state`` must be a :class:`~linattn.State` that an in-place
+    step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
+    (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
+    compiled call; anything else runs :func:`linattn.step`'s full path.
+    """
+
+    def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,
+                 normalize: bool | None = None, eps: float = 1e-6, eps_mode: str = "add", backend: str = "auto"):
+        checks.rule_module(rule)
+        checks.check_backend(backend)
+        checks.check_scalars(eps, eps_mode, scale)
+        normalize = checks.resolve_normalize(rule, normalize)
+        resolve_feature_map(feature_map)
+        if not isinstance(state, State):
+            raise TypeError(f"state must be a linattn.State, got {type(state).__name__} (State.zeros(...) makes one)")
+        B, H, Dk, Dv = state.S.shape
+        checks.check_state(state, B, H, Dk, Dv, normalize, state.device, name="state", rule=rule,
+                           feature_map=feature_map)
+        checks.check_inplace(state, normalize, state.dtype)
+        self.state = state
+        self.rule, self.feature_map, self.normalize, self.backend = rule, feature_map, normalize, backend
+        self.scale, self.eps, self.eps_mode = scale, eps, eps_mode
+        # What the compiled call needs, fixed for the decoder's life (None: every call takes the full path).
+        kd = backends.decode_kernel(backend)
+        code = kd.FEATURE_CODES.get(feature_map) if kd is not None and (
+            feature_map is None or type(feature_map) is str) else None
+        self._kd = kd if code is not None and state.dtype is _F32 and state.S.is_cpu else None
+        self._code = code
+        self._gated, self._delta = rule in GATED_RULES, rule in DELTA_RULES
+        self._dims = (B, H, Dk, Dv, Dv + 1 if normalize else Dv)
+        self._scale = Dk**-0.5 if scale is None else float(scale)
+        self._eps, self._clamp = float(eps), eps_mode == "clamp"
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
+                 beta: torch.Tensor | None = None) -> torch.Tensor:
+        o = self._fast(q, k, v, g, beta)
+        if o is not None:
+            return o
+        call = prepare_step(q, k, v, self.state, rule=self.rule, feature_map=self.feature_map,
+                            normalize=self.normalize, scale=self.scale, eps=self.eps, eps_mode=self.eps_mode, g=g,
+                            beta=beta, state_dtype=None, inplace=True, backend=self.backend)
+        o, self.state = run_step(call, q, k, v, g, beta, self.state, True)
+        return o
+
+    def _fast(self, q, k, v, g, beta) -> torch.Tensor | None:
+        """The compiled call when this token is the plain case, else None (nothing written)."""
+        kd = self._kd
+        if kd is None:
+            return None
+        B, HV, D, Dv, Dw = self._dims
+        if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
+            return None
+        if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu):
+            return None
+        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+            return None
+        if q.requires_grad or k.requires_grad or v.requires_grad:
+            return None
+        q_shape = q.shape
+        if len(q_shape) != 3 or k.shape != q_shape or v.shape != (B, HV, Dv):
+            return None
+        Bq, Hq, Dq = q_shape
+        if Bq != B or Dq != D or not Hq or HV % Hq:
+            return None
+        gate_width = 0
+        if self._gated:
+            if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
+                return None
+            if g.shape == (B, HV):
+                gate_width = 1
+            elif g.shape == (B, HV, D) and not self._delta:
+                gate_width = D
+            else:
+                return None
+        elif g is not None:
+            return None
+        if self._delta:
+            if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+                    and not beta.requires_grad and beta.shape == (B, HV)):
+                return None
+        elif beta is not None:
+            return None
+        S, z = self.state.S, self.state.z  # read each call: the state may have been replaced
+        if S.requires_grad or S.stride() != (HV * D * Dw, D * Dw, Dw, 1) or S.dtype is not _F32 or not S.is_cpu:
+            return None
+        S_at = S.data_ptr()
+        if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)):
+            return None
+        if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
+            return None  # batch decode: the general path splits the heads over threads
+        if S.is_inference() and not torch.is_inference_mode_enabled():
+            return None
+        o = torch.empty_like(v)
+        status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if self._gated else 0,
+                           beta.data_ptr() if self._delta else 0, S_at, S_at, o.data_ptr(), B, Hq, HV, D, Dv,
+                           gate_width, self._code, self._clamp, self.normalize, self._delta, self._scale, self._eps)
+        if status != kd.OK:
+            return None  # nothing was written; the full path raises the error that names the gate
+        torch.autograd.graph.increment_version(S)  # written through a raw pointer: autograd must know
+        return o

@@ -1,0 +1,70 @@
+"""The data layout every runner shares: features of q and k, grouped value heads, and the state with its normalizer
+as one more value column (``[S | z]``, the memory of a constant value 1)."""
+
+from __future__ import annotations
+
+import torch
+
+from linattn.feature_maps import FeatureMap, check_features, feature_map_name
+from linattn.state import State, joint_view
+
+UNSET = object()  # "no feature map to record" (None is a map: the identity)
+
+
+def features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap | None, scale: float | None):
+    """Feature-mapped (q, k) and the query scale (default: feature width ** -0.5), not yet applied."""
+    if fmap is not None:
+        qf, kf = fmap(q), fmap(k)
+        check_features(q, qf, fmap)
+        check_features(k, kf, fmap)
+        q, k = qf, kf
+        if q.shape != k.shape:
+            raise ValueError(f"feature_map gave q features {tuple(q.shape)} but k features {tuple(k.shape)}")
+    return q, k, (q.shape[-1] ** -0.5 if scale is None else float(scale))
+
+
+def group_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """q/k features ``[..., H, r]`` repeated to ``heads`` value heads (q/k head h serves value heads h*G ... h*G+G-1,
+    ``repeat_interleave`` as flash-linear-attention and HF Qwen3-Next do). A copy of q and k only; the kernels then
+    see one q/k per value head, which they need anyway: every value head has its own state."""
+    return x if x.shape[-2] == heads else x.repeat_interleave(heads // x.shape[-2], dim=-2)
+
+
+def augmented(state: State, dtype: torch.dtype) -> torch.Tensor:
+    """[S | z] as one [B, H, Dk, Dv+1] tensor: the normalizer is the memory of a constant value 1.
+
+    When the state came out of this library, S and z are views of one such buffer; then that buffer is returned
+    itself (see :func:`linattn.state.joint_view`), so decode can update it in place without copying the state
+    each step.
+    """
+    S, z = state.S, state.z
+    joint = None if S.dtype != dtype or S.requires_grad or z.requires_grad else joint_view(S, z)
+    if joint is not None:
+        return joint
+    return torch.cat([S, z.unsqueeze(-1)], dim=-1).to(dtype)
+
+
+def state_tensor(state: State, normalize: bool, dtype: torch.dtype) -> torch.Tensor:
+    """The state as the runners take it: ``[S | z]`` when normalized, else S, in ``dtype``."""
+    return augmented(state, dtype) if normalize else state.S.to(dtype)
+
+
+def with_ones_column(v: torch.Tensor) -> torch.Tensor:
+    """[v | 1]: z is the memory of a constant value 1, carried as one more value column (a contiguous copy)."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+
+
+def split_state(
+    S_aug: torch.Tensor, normalize: bool, rule: str | None = None, feature_map=UNSET, into: State | None = None
+) -> State:
+    """The state to return, recording what made it (``rule``, ``feature_map``; left out: no record). ``into``: the
+    caller's state that ``inplace=True`` updates; when the update ran on a joint copy of its separate S and z,
+    the result is written back into them."""
+    name = None if feature_map is UNSET else feature_map_name(feature_map)
+    if into is not None and S_aug.data_ptr() != into.S.data_ptr():
+        into.S.copy_(S_aug[..., :-1])
+        into.z.copy_(S_aug[..., -1])
+        S, z = into.S, into.z
+    else:
+        S, z = (S_aug[..., :-1], S_aug[..., -1]) if normalize else (S_aug, None)
+    return State(S, z, rule=rule, feature_map=name, normalized=None if rule is None else normalize)

@@ -1,0 +1,155 @@
+"""``linattn.Decoder``: a decode loop validated once. Every rule, feature map, head grouping and gate kind against
+the float64 reference; the plain case through one compiled call (a spy on the kernel entry); the state updated in
+place; the same errors as ``linattn.step`` for bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import reference_call, rel_err
+
+import linattn
+from linattn import State
+
+pytest.importorskip("numba")
+from linattn.kernels import cpu_decode  # noqa: E402
+
+TOL = 2e-4
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    real = cpu_decode.decode
+
+    def spy(*args):
+        seen.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_decode, "decode", spy)
+    return seen
+
+
+def inputs(rule, gate, *, B=2, T=9, H=2, G=1, D=5, Dv=3, seed=0, dtype=torch.float32, fmap=None):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, T, H, D, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, H * G, Dv, generator=gen, dtype=torch.float64).to(dtype)
+    kw = {}
+    if rule in ("gated", "gated_delta"):
+        shape = (B, T, H * G) if gate == "head" else (B, T, H * G, feature_width(fmap, D))  # per key channel
+        kw["g"] = F.logsigmoid(torch.randn(*shape, generator=gen, dtype=torch.float64) * 2 + 1).to(dtype)
+    if rule in ("delta", "gated_delta"):
+        kw["beta"] = torch.rand(B, T, H * G, generator=gen, dtype=torch.float64).to(dtype)
+        k = F.normalize(k, dim=-1)
+    return q, k, v, kw
+
+
+def feature_width(fmap, D):
+    return 1 + D + D * D if fmap == "taylor2" else D
+
+
+CASES = [(rule, gate, fmap, G)
+         for rule in linattn.RULES
+         for gate in (("head", "channel") if rule in ("gated", "gated_delta") else (None,))
+         for fmap in (None, "identity", "relu1", "elu1", "l2", "taylor2")
+         for G in (1, 2)
+         if not (rule in ("accumulate", "gated") and fmap in (None, "identity", "l2"))]  # normalized: positive maps
+
+
+@pytest.mark.parametrize(("rule", "gate", "fmap", "G"), CASES)
+def test_decoder_matches_reference(calls, rule, gate, fmap, G):
+    q, k, v, kw = inputs(rule, gate, G=G, fmap=fmap)
+    B, T, HV, Dv = v.shape
+    normalized = rule in ("accumulate", "gated")
+    state = State.zeros(B, HV, feature_width(fmap, q.shape[-1]), Dv, normalizer=normalized)
+    S_memory = state.S.data_ptr()
+    dec = linattn.Decoder(state, rule=rule, feature_map=fmap)
+    outs = [dec(q[:, t].contiguous(), k[:, t].contiguous(), v[:, t].contiguous(),
+                **{n: x[:, t].contiguous() for n, x in kw.items()}) for t in range(T)]
+    o_ref, S_ref, z_ref = reference_call(q, k, v, rule=rule, feature_map=fmap, **kw)
+    assert rel_err(torch.stack(outs, dim=1), o_ref) < TOL
+    assert rel_err(dec.state.S, S_ref) < TOL and dec.state.S.data_ptr() == S_memory  # updated where it lies
+    if z_ref is not None:
+        assert rel_err(dec.state.z, z_ref) < TOL
+    compiled = fmap != "taylor2" and not (rule == "gated_delta" and gate == "channel")
+    assert len(calls) == (T if compiled else 0)
+
+
+@pytest.mark.parametrize("rule", linattn.RULES)
+def test_decoder_from_a_prefill_and_in_float64(rule):
+    """From a prefill's state, float64 (the full path), equal to step(inplace=True) token by token."""
+    q, k, v, kw = inputs(rule, "head", dtype=torch.float64, T=7)
+    fmap = "elu1" if rule in ("accumulate", "gated") else "l2"
+    head = {n: x[:, :3] for n, x in kw.items()}
+    _, state = linattn.linear_attention(q[:, :3], k[:, :3], v[:, :3], rule=rule, feature_map=fmap,
+                                        output_final_state=True, **head)
+    twin = state.clone()
+    dec = linattn.Decoder(state, rule=rule, feature_map=fmap, eps_mode="clamp", eps=0.01, scale=0.5)
+    for t in range(3, 7):
+        tok = {n: x[:, t] for n, x in kw.items()}
+        o = dec(q[:, t], k[:, t], v[:, t], **tok)
+        o_step, twin = linattn.step(q[:, t], k[:, t], v[:, t], twin, rule=rule, feature_map=fmap, eps_mode="clamp",
+                                    eps=0.01, scale=0.5, inplace=True, **tok)
+        assert torch.equal(o, o_step)
+    assert torch.equal(dec.state.S, twin.S)
+
+
+def _error(fn):
+    try:
+        fn()
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+BAD_CALLS = {
+    "q shape": lambda q, k, v, g, b: (q[:, :, :-1], k, v, g, b),
+    "k dtype": lambda q, k, v, g, b: (q, k.double(), v, g, b),
+    "v heads": lambda q, k, v, g, b: (q, k, v[:, :1], g, b),
+    "g positive": lambda q, k, v, g, b: (q, k, v, g.abs() + 0.1, b),
+    "g NaN": lambda q, k, v, g, b: (q, k, v, torch.full_like(g, float("nan")), b),
+    "g shape": lambda q, k, v, g, b: (q, k, v, g[:, :1], b),
+    "g missing": lambda q, k, v, g, b: (q, k, v, None, b),
+    "beta shape": lambda q, k, v, g, b: (q, k, v, g, b[:1]),
+    "beta not a tensor": lambda q, k, v, g, b: (q, k, v, g, 0.5),
+    "q not a tensor": lambda q, k, v, g, b: ([1.0], k, v, g, b),
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_CALLS))
+def test_bad_input_raises_what_step_raises_and_leaves_the_state(bad):
+    q, k, v, kw = inputs("gated_delta", "head", T=1)
+    state = State.zeros(2, 2, 5, 3, normalizer=False)
+    dec = linattn.Decoder(state, rule="gated_delta", feature_map="l2")
+    args = BAD_CALLS[bad](q[:, 0], k[:, 0], v[:, 0], kw["g"][:, 0], kw["beta"][:, 0])
+    got = _error(lambda: dec(*args[:3], g=args[3], beta=args[4]))
+    want = _error(lambda: linattn.step(*args[:3], state.clone(), rule="gated_delta", feature_map="l2", g=args[3],
+                                       beta=args[4], inplace=True))
+    assert got == want and got != "no error", (got, want)
+    assert not state.S.any()
+
+
+def test_bad_construction_names_the_argument():
+    state = State.zeros(1, 2, 4, 3)
+    with pytest.raises(ValueError, match="rule: unknown rule"):
+        linattn.Decoder(state, rule="deltax")
+    with pytest.raises(ValueError, match="feature_map: unknown name"):
+        linattn.Decoder(state, feature_map="l2x")
+    with pytest.raises(ValueError, match="eps must be"):
+        linattn.Decoder(state, eps=-1.0)
+    with pytest.raises(ValueError, match="backend"):
+        linattn.Decoder(state, backend="gpu")
+    with pytest.raises(TypeError, match="state must be a linattn.State"):
+        linattn.Decoder(state.S)
+    with pytest.raises(ValueError, match="normalize=True: rule 'delta'"):
+        linattn.Decoder(state, rule="delta", normalize=True)
+    with pytest.raises(ValueError, match="state.z is set but normalize=False"):
+        linattn.Decoder(state, rule="delta")
+    with pytest.raises(ValueError, match="inplace=True: the state requires grad"):
+        linattn.Decoder(State(state.S.clone().requires_grad_(), state.z.clone()))
+    recorded = linattn.linear_attention(torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 3),
+                                        rule="gated", g=torch.zeros(1, 2, 2), feature_map="elu1",
+                                        output_final_state=True)[1]
+    with pytest.raises(ValueError, match="made by rule 'gated'"):
+        linattn.Decoder(recorded, rule="accumulate", feature_map="elu1")
