@@ -2,8 +2,8 @@
 
 For each mixer (softmax attention, accumulate with elu+1 and with Taylor features, gated, delta, gated delta, a
 gated-delta/attention hybrid) a two-layer :class:`linattn.nn.CausalLM` is trained on MQAR
-(:mod:`linattn.tools.mqar_data`) within a step count and a time budget, then evaluated: exact-match recall by
-number of pairs and by write-to-query distance, and the controls of :mod:`linattn.tools.mqar_controls` -- the
+(:mod:`linattn.tools.mqar.data`) within a step count and a time budget, then evaluated: exact-match recall by
+number of pairs and by write-to-query distance, and the controls of :mod:`linattn.tools.mqar.controls` -- the
 evidence moved at fixed total length (forgetting), overwritten and near-duplicate keys (write-rule capacity), and
 bfloat16 weights with a float32 or a bfloat16 state (precision). Finally the decode latency
 per token at histories of 2K/8K/32K tokens is timed side by side for every mixer: the KV cache of attention layers
@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 import linattn
 from linattn.nn import KVCache
-from linattn.tools.mqar_controls import control_pairs, controls
-from linattn.tools.mqar_train import (
+from linattn.tools.mqar.controls import control_pairs, controls
+from linattn.tools.mqar.train import (
     MIXER_SPECS,
     TrainConfig,
     build_model,
@@ -309,7 +309,7 @@ def _plot_controls(doc: dict[str, Any], ax_dup, ax_bars, colors) -> None:
 
 
 def _summarize_command(paths: tuple[str, ...], output: str | None, plot_path: str | None, overwrite: bool) -> None:
-    from linattn.tools import mqar_seeds
+    from linattn.tools.mqar import seeds as mqar_seeds
 
     try:
         doc = mqar_seeds.summarize([read_result(p, "mqar") for p in paths], [str(p) for p in paths])

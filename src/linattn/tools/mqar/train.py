@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from linattn.nn import CausalLM
-from linattn.tools.mqar_data import IGNORE, generate
+from linattn.tools.mqar.data import IGNORE, generate
 from linattn.tools.results import atomic_write
 
 # name -> (per-layer mixers as a function of num_layers, LinearAttention kwargs, q/k head_dim override).
