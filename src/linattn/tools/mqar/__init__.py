@@ -387,7 +387,9 @@ def _mixers(ctx, param, value):
 
 @click.command(name="mqar")
 @click.option("--mixers", default=",".join(MIXER_SPECS), show_default=True, callback=_mixers)
-@click.option("--quick", is_flag=True, help="Tiny setting (T=32, 120 steps, histories 512/2048): minutes.")
+@click.option("--quick", is_flag=True,
+              help="Tiny setting (T=32, 120 steps, histories 512/2048): minutes. With --sweep: a smoke run of "
+                   "the sweep (42 runs of at most 40 steps).")
 @click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="Default 48 (quick: 32).")
 @click.option("--seq-len", type=click.IntRange(min=8), default=None, help="Default 48 (quick: 32).")
 @click.option("--train-pairs", default=None, callback=_ints, help="Pairs per training batch, drawn per step.")
