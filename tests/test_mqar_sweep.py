@@ -101,6 +101,22 @@ def test_plateau_rule():
     assert sweep.left_plateau(0.0625, 32) and not sweep.left_plateau(0.06, 32)
 
 
+def _stops(accs, patience=2, pairs=4):
+    stop = sweep.EarlyStop(patience, pairs)
+    return [stop.update(a) for a in accs]
+
+
+def test_early_stopping_rule():
+    assert _stops([0.2, 0.9, 0.995]) == [None, None, "solved"]
+    # off the plateau (>= 0.5 at 4 pairs): two evaluations without a gain of 1 point stop the run
+    assert _stops([0.6, 0.605, 0.609]) == [None, None, "no_improvement"]
+    assert _stops([0.6, 0.605, 0.615, 0.62, 0.621]) == [None, None, None, None, "no_improvement"]
+    # on the plateau the run trains on, however long nothing changes
+    assert _stops([0.3] * 20) == [None] * 20
+    # the best accuracy decides: a run that left the plateau and fell back still stops
+    assert _stops([0.7, 0.3, 0.3]) == [None, None, "no_improvement"]
+
+
 def test_best_selection_by_validation_with_plateau_flag():
     cfg = replace(TINY, settings=((16, 4, 9),), lrs=(1e-3, 1e-2, 1e-1), seeds=(0, 1, 2))
     runs = [

@@ -154,6 +154,30 @@ def left_plateau(val_accuracy: float, num_pairs: int) -> bool:
     return val_accuracy >= PLATEAU_FACTOR * chance(num_pairs)
 
 
+@dataclass
+class EarlyStop:
+    """The stopping rule, fed one validation accuracy per evaluation: :meth:`update` returns ``"solved"``,
+    ``"no_improvement"`` or None (train on)."""
+
+    patience: int
+    num_pairs: int
+    best: float = -1.0
+    ref: float = -1.0  # the accuracy of the last real gain (at least MIN_GAIN)
+    since_gain: int = 0
+
+    def update(self, val_accuracy: float) -> str | None:
+        self.best = max(self.best, val_accuracy)
+        if val_accuracy >= self.ref + MIN_GAIN:
+            self.ref, self.since_gain = val_accuracy, 0
+        else:
+            self.since_gain += 1
+        if val_accuracy >= SOLVED:
+            return "solved"
+        if self.since_gain >= self.patience and left_plateau(self.best, self.num_pairs):
+            return "no_improvement"  # a run still on the plateau trains on: its plateau may end suddenly
+        return None
+
+
 def held_out(cfg: SweepConfig, seq_len: int, num_pairs: int, which: str) -> Batch:
     """The validation or test set of a setting: fixed data, disjoint from every training batch's seed stream."""
     stream = {"val": _VAL_STREAM, "test": _TEST_STREAM}[which]
@@ -194,7 +218,7 @@ def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:
     val = held_out(cfg, job.seq_len, job.num_pairs, "val")
     every = max(1, tc.steps // cfg.evals_per_run)
     best = {"acc": -1.0, "loss": math.inf, "step": 0, "state": None}
-    ref, since_gain, reason, step, losses, curve = -1.0, 0, "steps", 0, [], []
+    stopper, reason, step, losses, curve = EarlyStop(cfg.patience, job.num_pairs), "steps", 0, [], []
     model.train()
     while step < tc.steps:
         batch = train_batch(tc, step)
@@ -218,15 +242,9 @@ def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:
         curve.append([step, round(float(np.mean(losses[-every:])), 5), round(v_loss, 5), round(v_acc, 5)])
         if v_acc > best["acc"]:
             best.update(acc=v_acc, loss=v_loss, step=step, state=copy.deepcopy(model.state_dict()))
-        if v_acc >= ref + MIN_GAIN:  # patience counts evaluations without a real gain
-            ref, since_gain = v_acc, 0
-        else:
-            since_gain += 1
-        if v_acc >= SOLVED:
-            reason = "solved"
-            break
-        if since_gain >= cfg.patience and left_plateau(best["acc"], job.num_pairs):
-            reason = "no_improvement"
+        stop = stopper.update(v_acc)
+        if stop is not None:
+            reason = stop
             break
     if best["state"] is not None:
         model.load_state_dict(best["state"])
