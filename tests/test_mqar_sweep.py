@@ -11,8 +11,8 @@ from linattn.tools.mqar import sweep, sweep_runner
 from linattn.tools.mqar.sweep import Job, SweepConfig
 from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
 
-TINY = SweepConfig(mixers=("attention", "delta"), widths=(8,), settings=((16, 2, 9),), lrs=(1e-2, 3e-2),
-                   seeds=(0, 1), vocab_size=16, batch_size=4, num_layers=1, num_heads=2, val_examples=8,
+TINY = SweepConfig(mixers=("attention", "delta"), widths=(8,), settings=((16, 2, 9, 4),), lrs=(1e-2, 3e-2),
+                   seeds=(0, 1), vocab_size=16, num_layers=1, num_heads=2, val_examples=8,
                    test_examples=8, evals_per_run=3, patience=1)
 TIMING = ("wall_s", "cpu_s", "session")
 
@@ -118,7 +118,7 @@ def test_early_stopping_rule():
 
 
 def test_best_selection_by_validation_with_plateau_flag():
-    cfg = replace(TINY, settings=((16, 4, 9),), lrs=(1e-3, 1e-2, 1e-1), seeds=(0, 1, 2))
+    cfg = replace(TINY, settings=((16, 4, 9, 4),), lrs=(1e-3, 1e-2, 1e-1), seeds=(0, 1, 2))
     runs = [
         # attention: 1e-2 and 1e-1 tie on validation accuracy; the lower validation loss wins, not the test score
         _run("attention", 1e-3, 0, 0.30, 0.99), _run("attention", 1e-2, 0, 0.80, 0.70, loss=0.5),

@@ -51,17 +51,16 @@ _VAL_STREAM, _TEST_STREAM = 7_001, 7_002  # data seeds of the held-out sets: the
 class SweepConfig:
     """Everything that decides the sweep's results; two runs of one config give the same ``runs`` (one thread).
 
-    ``settings``: (seq_len, num_pairs, max steps) triples. ``lrs``: the learning rates tried with seed 0;
+    ``settings``: (seq_len, num_pairs, max steps, batch size). ``lrs``: the learning rates tried with seed 0;
     ``seeds``: all seeds run at the winning learning rate (the first is the sweep's). Width ``d`` is
     ``num_heads`` heads of ``d / num_heads``."""
 
     mixers: tuple[str, ...]
     widths: tuple[int, ...]
-    settings: tuple[tuple[int, int, int], ...]
+    settings: tuple[tuple[int, int, int, int], ...]
     lrs: tuple[float, ...]
     seeds: tuple[int, ...]
     vocab_size: int
-    batch_size: int
     num_layers: int
     num_heads: int
     val_examples: int
@@ -77,7 +76,7 @@ class SweepConfig:
         if any(w % self.num_heads or w < self.num_heads * 2 for w in self.widths) or not self.widths:
             raise ValueError(f"widths: each must be a multiple of num_heads ({self.num_heads}) with head width >= 2, "
                              f"got {self.widths}")
-        for T, P, steps in self.settings:
+        for T, P, steps, _ in self.settings:
             generate(1, vocab_size=self.vocab_size, seq_len=T, num_pairs=P, seed=0)  # raises naming the problem
             if steps < self.evals_per_run:
                 raise ValueError(f"settings: {steps} steps at (T={T}, pairs={P}) is fewer than evals_per_run")
@@ -105,12 +104,12 @@ def log_lrs(lo: float, hi: float, n: int) -> tuple[float, ...]:
 
 FULL = SweepConfig(
     mixers=tuple(MIXER_SPECS), widths=(64, 128),
-    settings=((64, 4, 1200), (64, 8, 1200), (256, 16, 500), (256, 32, 500)),
-    lrs=log_lrs(1e-4, 1e-2, 4), seeds=(0, 1, 2), vocab_size=256, batch_size=32, num_layers=2, num_heads=2,
+    settings=((64, 4, 1200, 32), (64, 8, 1200, 32), (256, 16, 1000, 16), (256, 32, 1000, 16)),
+    lrs=log_lrs(1e-3, 10**-1.5, 4), seeds=(0, 1, 2), vocab_size=256, num_layers=2, num_heads=2,
     val_examples=128, test_examples=512, evals_per_run=25, patience=5)
 QUICK = SweepConfig(
-    mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((32, 4, 40),), lrs=(3e-3, 1e-2), seeds=(0, 1),
-    vocab_size=32, batch_size=16, num_layers=2, num_heads=2, val_examples=32, test_examples=64,
+    mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((32, 4, 40, 16),), lrs=(3e-3, 1e-2), seeds=(0, 1),
+    vocab_size=32, num_layers=2, num_heads=2, val_examples=32, test_examples=64,
     evals_per_run=4, patience=2, quick=True)
 
 
@@ -137,12 +136,12 @@ class Job:
 
 def lr_jobs(cfg: SweepConfig) -> list[Job]:
     """The learning-rate runs (first seed), cheapest settings first so that a partial sweep holds whole groups."""
-    return [Job(m, d, T, P, lr, cfg.seeds[0]) for T, P, _ in cfg.settings for d in cfg.widths for m in cfg.mixers
+    return [Job(m, d, T, P, lr, cfg.seeds[0]) for T, P, _, _ in cfg.settings for d in cfg.widths for m in cfg.mixers
             for lr in cfg.lrs]
 
 
-def max_steps(cfg: SweepConfig, seq_len: int, num_pairs: int) -> int:
-    return next(s for T, P, s in cfg.settings if (T, P) == (seq_len, num_pairs))
+def steps_and_batch(cfg: SweepConfig, seq_len: int, num_pairs: int) -> tuple[int, int]:
+    return next((s, b) for T, P, s, b in cfg.settings if (T, P) == (seq_len, num_pairs))
 
 
 def chance(num_pairs: int) -> float:
@@ -202,10 +201,11 @@ def score(model: torch.nn.Module, batch: Batch, chunk: int = 64) -> tuple[float,
 
 
 def train_config(cfg: SweepConfig, job: Job) -> TrainConfig:
+    steps, batch = steps_and_batch(cfg, job.seq_len, job.num_pairs)
     return TrainConfig(vocab_size=cfg.vocab_size, seq_len=job.seq_len, train_pairs=(job.num_pairs,),
                        hidden_size=job.d_model, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                       head_dim=job.d_model // cfg.num_heads, batch_size=cfg.batch_size,
-                       steps=max_steps(cfg, job.seq_len, job.num_pairs), lr=job.lr, seed=job.seed)
+                       head_dim=job.d_model // cfg.num_heads, batch_size=batch,
+                       steps=steps, lr=job.lr, seed=job.seed)
 
 
 def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:

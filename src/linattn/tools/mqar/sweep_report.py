@@ -9,7 +9,7 @@ from linattn.tools.results import atomic_write
 
 
 def _settings(doc: dict[str, Any]) -> list[tuple[int, int]]:
-    return [(T, P) for T, P, _ in doc["config"]["settings"]]
+    return [(T, P) for T, P, *_ in doc["config"]["settings"]]
 
 
 def format_best(doc: dict[str, Any]) -> str:
@@ -46,7 +46,8 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     import matplotlib.pyplot as plt
 
     settings = _settings(doc)
-    fig, axes = plt.subplots(1, len(settings), figsize=(max(7.0, 4.6 * len(settings)), 4.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(settings), figsize=(max(7.0, 4.6 * len(settings)), 4.4), squeeze=False,
+                             sharey=True)
     mixers = doc["config"]["mixers"]
     colors = dict(zip(mixers, plt.cm.tab10.colors, strict=False))
     for ax, (T, P) in zip(axes[0], settings, strict=True):
