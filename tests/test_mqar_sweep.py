@@ -162,5 +162,7 @@ def test_cli_quick_sweep_end_to_end_and_resume(tmp_path):
     assert bad.exit_code == 2 and "--steps: not used by --sweep" in bad.output
     other = CliRunner().invoke(main, ["mqar", "--sweep", "--quick", "--mixers", "delta", "--output", str(out)])
     assert other.exit_code == 2 and "differs in mixers" in other.output
+    unsaved = CliRunner().invoke(main, ["mqar", "--sweep"])
+    assert unsaved.exit_code == 2 and "--sweep needs --output" in unsaved.output
     report = CliRunner().invoke(main, ["mqar", "--sweep-report", str(out)])
     assert report.exit_code == 0 and "attention" in report.output

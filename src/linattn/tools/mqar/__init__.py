@@ -349,6 +349,9 @@ def _sweep_command(ctx, report, mixers, quick, workers, output, plot_path, overw
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     else:
+        if not output and not quick:
+            raise click.UsageError("--sweep needs --output: it runs for hours and resumes from that file "
+                                   "(--quick runs without one)")
         if output:
             check_label(Path(output).stem, "--output file name")
         base = sweep.QUICK if quick else sweep.FULL
