@@ -66,11 +66,18 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
                 ax.plot([x], [m], "o", color=c, mfc="white" if b["plateau"] else c, zorder=3)
         ax.axhline(100 / P, ls=":", color="black", lw=1)
         ax.set(title=f"sequence length {T}, {P} pairs", xlabel="model width", xscale="log", ylim=(-3, 103))
-        ax.set_xticks(doc["config"]["widths"], [str(w) for w in doc["config"]["widths"]])
+        widths = doc["config"]["widths"]
+        ax.set_xticks(widths, [str(w) for w in widths])
+        ax.set_xlim(min(widths) / 1.3, max(widths) * 1.3)
         ax.minorticks_off()
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("MQAR test accuracy (%)")
-    axes[0][-1].legend(fontsize=8)
+    shown = {}  # one legend for all panels, also when the last panel has no finished group yet
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            shown.setdefault(label, h)
+    if shown:
+        axes[0][-1].legend(list(shown.values()), list(shown), fontsize=8)
     p = doc["progress"]
     fig.suptitle(f"MQAR: best over learning rates {doc['config']['lrs']}\nmean and range over seeds at the best lr "
                  f"({p['finished']} of {p['total']} runs; hollow: on the plateau; dotted: chance)", fontsize=9)
