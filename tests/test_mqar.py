@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 from linattn.tools import mqar
-from linattn.tools.mqar_controls import (
+from linattn.tools.mqar.controls import (
     NEAR_DUPLICATE_LEVELS,
     PRECISIONS,
     control_pairs,
@@ -21,8 +21,8 @@ from linattn.tools.mqar_controls import (
     with_near_duplicate_keys,
     with_precision,
 )
-from linattn.tools.mqar_data import FILLER, IGNORE, generate, split_vocab
-from linattn.tools.mqar_train import TrainConfig, build_model, evaluate, state_floats, train
+from linattn.tools.mqar.data import FILLER, IGNORE, generate, split_vocab
+from linattn.tools.mqar.train import TrainConfig, build_model, evaluate, state_floats, train
 from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
 
 TINY = dict(vocab_size=16, seq_len=16, train_pairs=(2,), hidden_size=32, num_heads=2, head_dim=16, batch_size=32,

@@ -2,8 +2,8 @@
 
 For each mixer (softmax attention, accumulate with elu+1 and with Taylor features, gated, delta, gated delta, a
 gated-delta/attention hybrid) a two-layer :class:`linattn.nn.CausalLM` is trained on MQAR
-(:mod:`linattn.tools.mqar_data`) within a step count and a time budget, then evaluated: exact-match recall by
-number of pairs and by write-to-query distance, and the controls of :mod:`linattn.tools.mqar_controls` -- the
+(:mod:`linattn.tools.mqar.data`) within a step count and a time budget, then evaluated: exact-match recall by
+number of pairs and by write-to-query distance, and the controls of :mod:`linattn.tools.mqar.controls` -- the
 evidence moved at fixed total length (forgetting), overwritten and near-duplicate keys (write-rule capacity), and
 bfloat16 weights with a float32 or a bfloat16 state (precision). Finally the decode latency
 per token at histories of 2K/8K/32K tokens is timed side by side for every mixer: the KV cache of attention layers
@@ -27,8 +27,8 @@ from tqdm import tqdm
 
 import linattn
 from linattn.nn import KVCache
-from linattn.tools.mqar_controls import control_pairs, controls
-from linattn.tools.mqar_train import (
+from linattn.tools.mqar.controls import control_pairs, controls
+from linattn.tools.mqar.train import (
     MIXER_SPECS,
     TrainConfig,
     build_model,
@@ -309,7 +309,7 @@ def _plot_controls(doc: dict[str, Any], ax_dup, ax_bars, colors) -> None:
 
 
 def _summarize_command(paths: tuple[str, ...], output: str | None, plot_path: str | None, overwrite: bool) -> None:
-    from linattn.tools import mqar_seeds
+    from linattn.tools.mqar import seeds as mqar_seeds
 
     try:
         doc = mqar_seeds.summarize([read_result(p, "mqar") for p in paths], [str(p) for p in paths])
@@ -320,6 +320,52 @@ def _summarize_command(paths: tuple[str, ...], output: str | None, plot_path: st
         click.echo(f"wrote {write_result(doc, output, 'mqar_seeds', overwrite=overwrite)}")
     if plot_path:
         click.echo(f"wrote {mqar_seeds.plot_summary(doc, plot_path, overwrite=overwrite)}")
+
+
+_SWEEP_OPTIONS = {"sweep", "sweep_report", "mixers", "quick", "workers", "output", "plot_path", "overwrite",
+                  "no_progress"}
+
+
+def _sweep_command(ctx, report, mixers, quick, workers, output, plot_path, overwrite, no_progress) -> None:
+    """``--sweep`` (train, resuming from ``output``) or ``--sweep-report`` (read a result, print, plot)."""
+    from click.core import ParameterSource
+
+    from linattn.tools.mqar import sweep, sweep_report, sweep_runner
+
+    given = sorted(p.opts[0] for p in ctx.command.params if p.name not in _SWEEP_OPTIONS
+                   and ctx.get_parameter_source(p.name) not in (ParameterSource.DEFAULT, None))
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: not used by --sweep/--sweep-report")
+    if report and ctx.get_parameter_source("sweep") != ParameterSource.DEFAULT:
+        raise click.UsageError("--sweep and --sweep-report are separate passes; give one")
+    if plot_path:
+        try:
+            refuse_existing(plot_path, overwrite=overwrite)
+        except FileExistsError as exc:
+            raise click.UsageError(str(exc)) from None
+    if report:
+        try:
+            doc = read_result(report, "mqar_sweep")
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    else:
+        if not output and not quick:
+            raise click.UsageError("--sweep needs --output: it runs for hours and resumes from that file "
+                                   "(--quick runs without one)")
+        if output:
+            check_label(Path(output).stem, "--output file name")
+        base = sweep.QUICK if quick else sweep.FULL
+        try:
+            cfg = sweep.SweepConfig.from_json({**base.as_json(), "mixers": list(mixers)})
+            doc = sweep_runner.run_sweep(cfg, output=output, workers=workers or os.cpu_count() or 1,
+                                         overwrite=overwrite, progress=not no_progress)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        if output:
+            click.echo(f"wrote {Path(output).absolute()}")
+    click.echo(sweep_report.format_best(doc))
+    if plot_path:
+        click.echo(f"wrote {sweep_report.plot(doc, plot_path, overwrite=overwrite)}")
 
 
 def _ints(ctx, param, value):
@@ -344,7 +390,9 @@ def _mixers(ctx, param, value):
 
 @click.command(name="mqar")
 @click.option("--mixers", default=",".join(MIXER_SPECS), show_default=True, callback=_mixers)
-@click.option("--quick", is_flag=True, help="Tiny setting (T=32, 120 steps, histories 512/2048): minutes.")
+@click.option("--quick", is_flag=True,
+              help="Tiny setting (T=32, 120 steps, histories 512/2048): minutes. With --sweep: a smoke run of "
+                   "the sweep (42 runs of at most 40 steps).")
 @click.option("--vocab-size", type=click.IntRange(min=5), default=None, help="Default 48 (quick: 32).")
 @click.option("--seq-len", type=click.IntRange(min=8), default=None, help="Default 48 (quick: 32).")
 @click.option("--train-pairs", default=None, callback=_ints, help="Pairs per training batch, drawn per step.")
@@ -375,14 +423,30 @@ def _mixers(ctx, param, value):
                    "pass, write the result with new latency to --output.")
 @click.option("--summarize", type=click.Path(dir_okay=False, exists=True), multiple=True,
               help="Train nothing: summarize these results of one setting over seeds (repeat the option).")
+@click.option("--sweep", is_flag=True,
+              help="Learning-rate sweep as zoology measures MQAR: every mixer x width 64/128 x (T, pairs) in "
+                   "(64,4), (64,8), (256,16), (256,32) x 4 learning rates, early stopping, 3 seeds at the best lr. "
+                   "Resumes from --output when run again with the same options.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="--sweep: worker processes, one torch thread each [default: all cores].")
+@click.option("--sweep-report", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Train nothing: print the table of this (possibly partial) sweep result; with --plot, plot it.")
 @click.option("--output", type=click.Path(dir_okay=False), default=None, help="Write the JSON result here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write the PNG plot here.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --output/--plot files.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bars.")
 def command(mixers, quick, vocab_size, seq_len, train_pairs, eval_pairs, steps, batch_size, hidden_size, num_layers,
             num_heads, head_dim, lr, budget_s, eval_examples, histories, no_controls, no_latency, threads, seed,
-            checkpoint_dir, resume, output, plot_path, overwrite, no_progress, latency_from, summarize) -> None:
-    """Multi-query associative recall trained per mixer, with decode latency at 2K/8K/32K."""
+            checkpoint_dir, resume, output, plot_path, overwrite, no_progress, latency_from, summarize, sweep,
+            workers, sweep_report) -> None:
+    """Multi-query associative recall trained per mixer, with decode latency at 2K/8K/32K; or (--sweep) the
+    best accuracy over a learning-rate sweep per mixer, width and setting."""
+    if sweep or sweep_report:
+        _sweep_command(click.get_current_context(), sweep_report, mixers, quick, workers, output, plot_path,
+                       overwrite, no_progress)
+        return
+    if workers is not None:
+        raise click.BadParameter("only used with --sweep", param_hint="--workers")
     if resume and not checkpoint_dir:
         raise click.BadParameter("--resume needs --checkpoint-dir", param_hint="--resume")
     if latency_from and not checkpoint_dir:

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from linattn.nn import CausalLM
-from linattn.tools.mqar_data import split_vocab
-from linattn.tools.mqar_train import TrainConfig, evaluate
+from linattn.tools.mqar.data import split_vocab
+from linattn.tools.mqar.train import TrainConfig, evaluate
 
 NEAR_DUPLICATE_LEVELS = (0.5, 0.8, 0.9, 0.95)
 PRECISIONS = ("float32", "bfloat16_state_float32", "bfloat16")

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from linattn.nn import CausalLM
-from linattn.tools.mqar_data import IGNORE, generate
+from linattn.tools.mqar.data import IGNORE, generate
 from linattn.tools.results import atomic_write
 
 # name -> (per-layer mixers as a function of num_layers, LinearAttention kwargs, q/k head_dim override).
@@ -117,7 +117,9 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
-def _loss_acc(model: CausalLM, inputs: np.ndarray, targets: np.ndarray) -> tuple[torch.Tensor, float]:
+def loss_and_accuracy(model: CausalLM, inputs: np.ndarray, targets: np.ndarray) -> tuple[torch.Tensor, float]:
+    """Mean cross-entropy over the query positions of ``inputs``/``targets`` ``[B, T]`` (a graph, for backward)
+    and the exact-match accuracy there."""
     logits, _ = model(torch.from_numpy(inputs))
     t = torch.from_numpy(targets)
     mask = t != IGNORE
@@ -202,7 +204,7 @@ def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resum
             batch = train_batch(cfg, step)
             for group in opt.param_groups:
                 group["lr"] = lr_at(cfg, step)
-            loss, acc = _loss_acc(model, batch.inputs, batch.targets)
+            loss, acc = loss_and_accuracy(model, batch.inputs, batch.targets)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

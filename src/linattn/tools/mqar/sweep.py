@@ -1,0 +1,304 @@
+"""MQAR as zoology measures it: every (mixer, model width, sequence length, pairs) trained at several learning
+rates with a held-out validation set and early stopping; the best learning rate is chosen on validation accuracy,
+reported on a separate test set, and rerun with more seeds.
+
+One training run (:func:`train_run`) is a pure function of its :class:`Job` and the :class:`SweepConfig` (weights
+from the seed, each step's batch from (seed, step), one torch thread), so a run lost to a kill is simply run again.
+
+Stopping, checked every ``eval_every`` steps on the validation set:
+
+* ``solved``: validation accuracy reached :data:`SOLVED` (0.99).
+* ``no_improvement``: the best validation accuracy did not rise by :data:`MIN_GAIN` for ``patience`` evaluations;
+  only once the run has left the plateau -- a run still on it trains on, since MQAR's plateaus end suddenly.
+* ``steps``: the step limit of its setting.
+* ``diverged``: a non-finite training loss.
+
+The plateau rule (:func:`left_plateau`): a run has left MQAR's plateau when its best validation accuracy is at
+least twice chance, where chance is ``1 / num_pairs`` (a model that only knows the answer is one of the values
+written in the sequence). Test accuracy is measured with the weights of the best validation evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from linattn.tools.mqar.data import IGNORE, Batch, generate
+from linattn.tools.mqar.train import (
+    MIXER_SPECS,
+    TrainConfig,
+    build_model,
+    loss_and_accuracy,
+    lr_at,
+    state_floats,
+    train_batch,
+)
+
+SOLVED = 0.99
+MIN_GAIN = 0.01
+PLATEAU_FACTOR = 2.0
+STOP_REASONS = ("solved", "no_improvement", "steps", "diverged")
+_VAL_STREAM, _TEST_STREAM = 7_001, 7_002  # data seeds of the held-out sets: the same for every run of a setting
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Everything that decides the sweep's results; two runs of one config give the same ``runs`` (one thread).
+
+    ``settings``: (seq_len, num_pairs, max steps, batch size). ``lrs``: the learning rates tried with seed 0;
+    ``seeds``: all seeds run at the winning learning rate (the first is the sweep's). Width ``d`` is
+    ``num_heads`` heads of ``d / num_heads``."""
+
+    mixers: tuple[str, ...]
+    widths: tuple[int, ...]
+    settings: tuple[tuple[int, int, int, int], ...]
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    vocab_size: int
+    num_layers: int
+    num_heads: int
+    val_examples: int
+    test_examples: int
+    evals_per_run: int
+    patience: int
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [m for m in self.mixers if m not in MIXER_SPECS]
+        if bad or not self.mixers:
+            raise ValueError(f"mixers: unknown {bad}; expected some of {list(MIXER_SPECS)}")
+        if any(w % self.num_heads or w < self.num_heads * 2 for w in self.widths) or not self.widths:
+            raise ValueError(f"widths: each must be a multiple of num_heads ({self.num_heads}) with head width >= 2, "
+                             f"got {self.widths}")
+        for T, P, steps, _ in self.settings:
+            generate(1, vocab_size=self.vocab_size, seq_len=T, num_pairs=P, seed=0)  # raises naming the problem
+            if steps < self.evals_per_run:
+                raise ValueError(f"settings: {steps} steps at (T={T}, pairs={P}) is fewer than evals_per_run")
+        if not self.lrs or min(self.lrs) <= 0:
+            raise ValueError(f"lrs: expected positive learning rates, got {self.lrs}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: expected distinct seeds, got {self.seeds}")
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: ([list(x) for x in v] if k == "settings" else list(v) if isinstance(v, tuple) else v)
+                for k, v in d.items()}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> SweepConfig:
+        return SweepConfig(**{k: (tuple(tuple(x) for x in v) if k == "settings" else tuple(v)
+                                  if isinstance(v, list) else v) for k, v in d.items()})
+
+
+def log_lrs(lo: float, hi: float, n: int) -> tuple[float, ...]:
+    """``n`` log-spaced learning rates from ``lo`` to ``hi``, rounded to 3 significant digits (zoology spaces
+    its sweep as ``np.logspace(-4, -2, 4)``)."""
+    return tuple(float(f"{x:.3g}") for x in np.logspace(math.log10(lo), math.log10(hi), n))
+
+
+FULL = SweepConfig(
+    mixers=tuple(MIXER_SPECS), widths=(64, 128),
+    settings=((64, 4, 1200, 32), (64, 8, 1200, 32), (256, 16, 1000, 16), (256, 32, 1000, 16)),
+    lrs=log_lrs(1e-3, 10**-1.5, 4), seeds=(0, 1, 2), vocab_size=256, num_layers=2, num_heads=2,
+    val_examples=128, test_examples=512, evals_per_run=25, patience=5)
+QUICK = SweepConfig(
+    mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((32, 4, 40, 16),), lrs=(3e-3, 1e-2), seeds=(0, 1),
+    vocab_size=32, num_layers=2, num_heads=2, val_examples=32, test_examples=64,
+    evals_per_run=4, patience=2, quick=True)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run."""
+
+    mixer: str
+    d_model: int
+    seq_len: int
+    num_pairs: int
+    lr: float
+    seed: int
+
+    @property
+    def group(self) -> tuple[str, int, int, int]:
+        """(mixer, d_model, seq_len, num_pairs): the runs among which the best learning rate is chosen."""
+        return (self.mixer, self.d_model, self.seq_len, self.num_pairs)
+
+    @staticmethod
+    def of(run: dict[str, Any]) -> Job:
+        return Job(run["mixer"], run["d_model"], run["seq_len"], run["num_pairs"], run["lr"], run["seed"])
+
+
+def lr_jobs(cfg: SweepConfig) -> list[Job]:
+    """The learning-rate runs (first seed), cheapest settings first so that a partial sweep holds whole groups."""
+    return [Job(m, d, T, P, lr, cfg.seeds[0]) for T, P, _, _ in cfg.settings for d in cfg.widths for m in cfg.mixers
+            for lr in cfg.lrs]
+
+
+def steps_and_batch(cfg: SweepConfig, seq_len: int, num_pairs: int) -> tuple[int, int]:
+    return next((s, b) for T, P, s, b in cfg.settings if (T, P) == (seq_len, num_pairs))
+
+
+def chance(num_pairs: int) -> float:
+    return 1.0 / num_pairs
+
+
+def left_plateau(val_accuracy: float, num_pairs: int) -> bool:
+    """The plateau rule: validation accuracy at least :data:`PLATEAU_FACTOR` times chance (1 / pairs)."""
+    return val_accuracy >= PLATEAU_FACTOR * chance(num_pairs)
+
+
+@dataclass
+class EarlyStop:
+    """The stopping rule, fed one validation accuracy per evaluation: :meth:`update` returns ``"solved"``,
+    ``"no_improvement"`` or None (train on)."""
+
+    patience: int
+    num_pairs: int
+    best: float = -1.0
+    ref: float = -1.0  # the accuracy of the last real gain (at least MIN_GAIN)
+    since_gain: int = 0
+
+    def update(self, val_accuracy: float) -> str | None:
+        self.best = max(self.best, val_accuracy)
+        if val_accuracy >= self.ref + MIN_GAIN:
+            self.ref, self.since_gain = val_accuracy, 0
+        else:
+            self.since_gain += 1
+        if val_accuracy >= SOLVED:
+            return "solved"
+        if self.since_gain >= self.patience and left_plateau(self.best, self.num_pairs):
+            return "no_improvement"  # a run still on the plateau trains on: its plateau may end suddenly
+        return None
+
+
+def held_out(cfg: SweepConfig, seq_len: int, num_pairs: int, which: str) -> Batch:
+    """The validation or test set of a setting: fixed data, disjoint from every training batch's seed stream."""
+    stream = {"val": _VAL_STREAM, "test": _TEST_STREAM}[which]
+    n = cfg.val_examples if which == "val" else cfg.test_examples
+    seed = int(np.random.SeedSequence([stream, seq_len, num_pairs]).generate_state(1)[0])
+    return generate(n, vocab_size=cfg.vocab_size, seq_len=seq_len, num_pairs=num_pairs, seed=seed)
+
+
+@torch.no_grad()
+def score(model: torch.nn.Module, batch: Batch, chunk: int = 64) -> tuple[float, float]:
+    """(mean cross-entropy, exact-match accuracy) over the query positions of ``batch``."""
+    total, hits, count = 0.0, 0, 0
+    for i in range(0, batch.inputs.shape[0], chunk):
+        logits, _ = model(torch.from_numpy(batch.inputs[i:i + chunk]))
+        t = torch.from_numpy(batch.targets[i:i + chunk])
+        mask = t != IGNORE
+        sel = logits[mask].double()
+        total += torch.nn.functional.cross_entropy(sel, t[mask], reduction="sum").item()
+        hits += int((sel.argmax(-1) == t[mask]).sum())
+        count += int(mask.sum())
+    return total / count, hits / count
+
+
+def train_config(cfg: SweepConfig, job: Job) -> TrainConfig:
+    steps, batch = steps_and_batch(cfg, job.seq_len, job.num_pairs)
+    return TrainConfig(vocab_size=cfg.vocab_size, seq_len=job.seq_len, train_pairs=(job.num_pairs,),
+                       hidden_size=job.d_model, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                       head_dim=job.d_model // cfg.num_heads, batch_size=batch,
+                       steps=steps, lr=job.lr, seed=job.seed)
+
+
+def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:
+    """Train one model with early stopping; returns its ``runs`` record (schema ``mqar_sweep``)."""
+    torch.set_num_threads(1)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    tc = train_config(cfg, job)
+    model = build_model(job.mixer, tc)
+    opt = torch.optim.AdamW(model.parameters(), lr=job.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.98))
+    val = held_out(cfg, job.seq_len, job.num_pairs, "val")
+    every = max(1, tc.steps // cfg.evals_per_run)
+    best = {"acc": -1.0, "loss": math.inf, "step": 0, "state": None}
+    stopper, reason, step, losses, curve = EarlyStop(cfg.patience, job.num_pairs), "steps", 0, [], []
+    model.train()
+    while step < tc.steps:
+        batch = train_batch(tc, step)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(tc, step)
+        loss, _ = loss_and_accuracy(model, batch.inputs, batch.targets)
+        if not torch.isfinite(loss):
+            reason = "diverged"
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        losses.append(loss.item())
+        if step % every and step != tc.steps:
+            continue
+        model.eval()
+        v_loss, v_acc = score(model, val)
+        model.train()
+        curve.append([step, round(float(np.mean(losses[-every:])), 5), round(v_loss, 5), round(v_acc, 5)])
+        if v_acc > best["acc"]:
+            best.update(acc=v_acc, loss=v_loss, step=step, state=copy.deepcopy(model.state_dict()))
+        stop = stopper.update(v_acc)
+        if stop is not None:
+            reason = stop
+            break
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
+    model.eval()
+    val_loss, val_acc = (best["loss"], best["acc"]) if best["state"] is not None else score(model, val)
+    test_loss, test_acc = score(model, held_out(cfg, job.seq_len, job.num_pairs, "test"))
+    final = float(np.mean(losses[-every:])) if losses else None
+    return {**asdict(job), "max_steps": tc.steps, "steps": step, "best_step": best["step"], "stop_reason": reason,
+            "wall_s": round(time.perf_counter() - wall0, 2), "cpu_s": round(time.process_time() - cpu0, 2),
+            "final_loss": None if final is None or not math.isfinite(final) else round(final, 5),
+            "val_loss": round(val_loss, 5) if math.isfinite(val_loss) else None, "val_accuracy": round(val_acc, 5),
+            "test_loss": round(test_loss, 5) if math.isfinite(test_loss) else None,
+            "test_accuracy": round(test_acc, 5), "left_plateau": left_plateau(val_acc, job.num_pairs),
+            "params": sum(p.numel() for p in model.parameters()), "state_floats": state_floats(model),
+            "curve": curve}
+
+
+def _rank(run: dict[str, Any]) -> tuple:
+    """Runs off the plateau first, then higher validation accuracy, then lower validation loss, then lower lr."""
+    loss = run["val_loss"] if run["val_loss"] is not None else math.inf
+    return (not run["left_plateau"], -run["val_accuracy"], loss, run["lr"])
+
+
+def select_best(cfg: SweepConfig, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ``best`` entry per group whose learning-rate runs are all finished: the winning lr (chosen on validation
+    accuracy among the runs that left the plateau; if none did, the entry says ``plateau: true``), its test
+    accuracy, and the test accuracy over the seeds finished at that lr (mean, min, max)."""
+    by_job = {Job.of(r): r for r in runs}
+    out = []
+    for job in lr_jobs(cfg):
+        if job.lr != cfg.lrs[0]:
+            continue
+        tried = [by_job.get(Job(*job.group, lr, cfg.seeds[0])) for lr in cfg.lrs]
+        if any(r is None for r in tried):
+            continue
+        win = min(tried, key=_rank)
+        seeded = [by_job[j] for j in (Job(*job.group, win["lr"], s) for s in cfg.seeds) if j in by_job]
+        accs = [r["test_accuracy"] for r in seeded]
+        out.append({"mixer": job.mixer, "d_model": job.d_model, "seq_len": job.seq_len,
+                    "num_pairs": job.num_pairs, "lr": win["lr"], "val_accuracy": win["val_accuracy"],
+                    "test_accuracy": win["test_accuracy"], "stop_reason": win["stop_reason"],
+                    "plateau": not win["left_plateau"], "state_floats": win["state_floats"],
+                    "lr_accuracy": {f"{r['lr']:g}": r["val_accuracy"] for r in tried},
+                    "seeds": [r["seed"] for r in seeded], "seeds_plateau": sum(not r["left_plateau"] for r in seeded),
+                    "test_mean": round(float(np.mean(accs)), 5), "test_min": min(accs), "test_max": max(accs),
+                    "complete": len(seeded) == len(cfg.seeds)})
+    return out
+
+
+def seed_jobs(cfg: SweepConfig, best: list[dict[str, Any]]) -> list[Job]:
+    """The further seeds at each winning learning rate."""
+    return [Job(b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"], b["lr"], s) for b in best
+            for s in cfg.seeds[1:]]
+
+
+def total_runs(cfg: SweepConfig) -> int:
+    return len(lr_jobs(cfg)) + len(lr_jobs(cfg)) // len(cfg.lrs) * (len(cfg.seeds) - 1)

@@ -1,0 +1,168 @@
+"""``linattn mqar --sweep``: schema, resume after a kill, best-lr selection with the plateau rule, end to end."""
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from linattn.cli import main
+from linattn.tools.mqar import sweep, sweep_runner
+from linattn.tools.mqar.sweep import Job, SweepConfig
+from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
+
+TINY = SweepConfig(mixers=("attention", "delta"), widths=(8,), settings=((16, 2, 9, 4),), lrs=(1e-2, 3e-2),
+                   seeds=(0, 1), vocab_size=16, num_layers=1, num_heads=2, val_examples=8,
+                   test_examples=8, evals_per_run=3, patience=1)
+TIMING = ("wall_s", "cpu_s", "session")
+
+
+def _metrics(doc):
+    return {Job.of(r): {k: v for k, v in r.items() if k not in TIMING} for r in doc["runs"]}
+
+
+@pytest.fixture(scope="module")
+def full_doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "full.json"
+    doc = sweep_runner.run_sweep(TINY, output=out, progress=False)
+    return doc, out
+
+
+def test_uninterrupted_sweep_is_complete_and_valid(full_doc):
+    doc, out = full_doc
+    assert read_result(out, "mqar_sweep") == doc
+    assert doc["progress"] == {"finished": 6, "total": 6, "complete": True}  # 2 mixers x 2 lrs + 2 seeds
+    assert sweep.total_runs(TINY) == 6
+    assert {(b["mixer"], b["seeds"] == [0, 1]) for b in doc["best"]} == {("attention", True), ("delta", True)}
+    for run in doc["runs"]:
+        assert run["stop_reason"] in sweep.STOP_REASONS and 0 < run["steps"] <= 9
+        assert run["left_plateau"] == (run["val_accuracy"] >= 2 / run["num_pairs"])
+        assert [c[0] for c in run["curve"]] == list(range(3, run["steps"] + 1, 3))
+    # the seeds ran at the winning lr only
+    for b in doc["best"]:
+        assert {r["lr"] for r in doc["runs"] if r["mixer"] == b["mixer"] and r["seed"] == 1} == {b["lr"]}
+
+
+def test_schema_rejects_bad_documents(full_doc):
+    doc, _ = full_doc
+    schema = load_schema("mqar_sweep")
+    bad = json.loads(json.dumps(doc))
+    del bad["runs"][0]["test_accuracy"]
+    bad["runs"][1]["stop_reason"] = "budget"
+    with pytest.raises(ResultValidationError) as err:
+        validate(bad, schema)
+    assert "runs[0].test_accuracy" in err.value.missing and any("budget" in p for p in err.value.problems)
+
+
+def test_resume_skips_finished_runs_and_ends_equal(full_doc, tmp_path, monkeypatch):
+    out = tmp_path / "sweep.json"
+    part = sweep_runner.run_sweep(TINY, output=out, progress=False, stop_after=3)  # the "kill" after 3 runs
+    assert read_result(out, "mqar_sweep")["progress"]["finished"] == 3 == len(part["runs"])
+    trained = []
+    real = sweep.train_run
+
+    def counting(cfg, job):
+        trained.append(job)
+        return real(cfg, job)
+
+    monkeypatch.setattr(sweep, "train_run", counting)
+    doc = sweep_runner.run_sweep(TINY, output=out, progress=False)
+    assert len(trained) == 3 and not {Job.of(r) for r in part["runs"]} & set(trained)
+    assert _metrics(doc) == _metrics(full_doc[0])
+    assert [s["runs_finished"] for s in doc["sessions"]] == [3, 3]
+    assert sorted(r["session"] for r in doc["runs"]) == [0, 0, 0, 1, 1, 1]
+    trained.clear()
+    sweep_runner.run_sweep(TINY, output=out, progress=False)  # nothing left to do
+    assert trained == []
+
+
+def test_other_configuration_is_refused_unless_overwrite(tmp_path):
+    out = tmp_path / "sweep.json"
+    sweep_runner.run_sweep(TINY, output=out, progress=False, stop_after=1)
+    other = replace(TINY, lrs=(1e-3, 1e-2))
+    with pytest.raises(ValueError, match="differs in lrs"):
+        sweep_runner.run_sweep(other, output=out, progress=False)
+    doc = sweep_runner.run_sweep(other, output=out, progress=False, overwrite=True, stop_after=1)
+    assert doc["config"]["lrs"] == [1e-3, 1e-2] and len(doc["runs"]) == 1
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    with pytest.raises(ValueError, match="not a sweep result"):
+        sweep_runner.run_sweep(TINY, output=junk, progress=False)
+
+
+def _run(mixer, lr, seed, val, test, loss=1.0, pairs=4):
+    return {"mixer": mixer, "d_model": 8, "seq_len": 16, "num_pairs": pairs, "lr": lr, "seed": seed,
+            "val_accuracy": val, "val_loss": loss, "test_accuracy": test, "stop_reason": "steps",
+            "left_plateau": sweep.left_plateau(val, pairs), "state_floats": 32}
+
+
+def test_plateau_rule():
+    assert sweep.left_plateau(0.5, 4) and not sweep.left_plateau(0.49, 4)
+    assert sweep.left_plateau(0.0625, 32) and not sweep.left_plateau(0.06, 32)
+
+
+def _stops(accs, patience=2, pairs=4):
+    stop = sweep.EarlyStop(patience, pairs)
+    return [stop.update(a) for a in accs]
+
+
+def test_early_stopping_rule():
+    assert _stops([0.2, 0.9, 0.995]) == [None, None, "solved"]
+    # off the plateau (>= 0.5 at 4 pairs): two evaluations without a gain of 1 point stop the run
+    assert _stops([0.6, 0.605, 0.609]) == [None, None, "no_improvement"]
+    assert _stops([0.6, 0.605, 0.615, 0.62, 0.621]) == [None, None, None, None, "no_improvement"]
+    # on the plateau the run trains on, however long nothing changes
+    assert _stops([0.3] * 20) == [None] * 20
+    # the best accuracy decides: a run that left the plateau and fell back still stops
+    assert _stops([0.7, 0.3, 0.3]) == [None, None, "no_improvement"]
+
+
+def test_best_selection_by_validation_with_plateau_flag():
+    cfg = replace(TINY, settings=((16, 4, 9, 4),), lrs=(1e-3, 1e-2, 1e-1), seeds=(0, 1, 2))
+    runs = [
+        # attention: 1e-2 and 1e-1 tie on validation accuracy; the lower validation loss wins, not the test score
+        _run("attention", 1e-3, 0, 0.30, 0.99), _run("attention", 1e-2, 0, 0.80, 0.70, loss=0.5),
+        _run("attention", 1e-1, 0, 0.80, 0.90, loss=0.6),
+        _run("attention", 1e-2, 1, 0.9, 0.60), _run("attention", 1e-2, 2, 0.9, 0.95),
+        # delta: every lr below twice chance (0.5 at 4 pairs): the best entry says so
+        _run("delta", 1e-3, 0, 0.26, 0.2), _run("delta", 1e-2, 0, 0.45, 0.4), _run("delta", 1e-1, 0, 0.3, 0.3),
+    ]
+    best = {b["mixer"]: b for b in sweep.select_best(cfg, runs)}
+    a, d = best["attention"], best["delta"]
+    assert (a["lr"], a["test_accuracy"], a["plateau"], a["complete"]) == (1e-2, 0.70, False, True)
+    assert a["seeds"] == [0, 1, 2] and a["test_min"] == 0.60 and a["test_max"] == 0.95
+    assert a["test_mean"] == pytest.approx((0.70 + 0.60 + 0.95) / 3, abs=1e-5)
+    assert a["lr_accuracy"] == {"0.001": 0.30, "0.01": 0.80, "0.1": 0.80}
+    assert (d["lr"], d["plateau"], d["complete"], d["seeds"]) == (1e-2, True, False, [0])
+    assert sweep.seed_jobs(cfg, [d]) == [Job("delta", 8, 16, 4, 1e-2, 1), Job("delta", 8, 16, 4, 1e-2, 2)]
+    # a group with a learning rate still missing has no best entry yet
+    assert [b["mixer"] for b in sweep.select_best(cfg, runs[:2] + runs[5:])] == ["delta"]
+
+
+def test_diverged_run_stops_and_is_tested_on_its_weights():
+    run = sweep.train_run(TINY, Job("attention", 8, 16, 2, 1e30, 0))
+    assert run["stop_reason"] == "diverged" and 1 <= run["steps"] < 9
+    assert run["best_step"] == 0 or run["best_step"] <= run["steps"]
+    assert 0 <= run["test_accuracy"] <= 1
+
+
+def test_cli_quick_sweep_end_to_end_and_resume(tmp_path):
+    out, png = tmp_path / "q.json", tmp_path / "q.png"
+    args = ["mqar", "--sweep", "--quick", "--mixers", "attention", "--workers", "2", "--no-progress",
+            "--output", str(out)]
+    res = CliRunner().invoke(main, [*args, "--plot", str(png)])
+    assert res.exit_code == 0, res.output
+    doc = read_result(out, "mqar_sweep")
+    assert doc["progress"] == {"finished": 6, "total": 6, "complete": True} and png.stat().st_size > 10_000
+    assert doc["config"]["quick"] and "runs finished: 6 of 6 (complete)" in res.output
+    again = CliRunner().invoke(main, args)  # the same command again: nothing to train, the file is kept
+    assert again.exit_code == 0, again.output
+    assert _metrics(read_result(out, "mqar_sweep")) == _metrics(doc)
+    bad = CliRunner().invoke(main, [*args, "--steps", "5"])
+    assert bad.exit_code == 2 and "--steps: not used by --sweep" in bad.output
+    other = CliRunner().invoke(main, ["mqar", "--sweep", "--quick", "--mixers", "delta", "--output", str(out)])
+    assert other.exit_code == 2 and "differs in mixers" in other.output
+    unsaved = CliRunner().invoke(main, ["mqar", "--sweep"])
+    assert unsaved.exit_code == 2 and "--sweep needs --output" in unsaved.output
+    report = CliRunner().invoke(main, ["mqar", "--sweep-report", str(out)])
+    assert report.exit_code == 0 and "attention" in report.output
