@@ -148,9 +148,22 @@ def test_lab_recurrence_equals_the_reference(rule, eps_mode):
 def test_lab_passes_and_a_broken_form_fails(monkeypatch, capsys):
     assert lab_np.main(["--seed", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(lab_np.CHECKS) + 1 and all(": PASS  max_err=" in line for line in lines[:-1])
+    assert len(lines) == len(lab_np.CHECKS) + 2 and all(": PASS  max_err=" in line for line in lines[:-2])
+    assert [line.split(":")[0] for line in lines[:4]] == ["recurrent vs dense kernel", "recurrent vs chunkwise",
+                                                         "gated scan coefficients", "delta unit-key convergence"]
+    assert lines[-1].startswith("contrast, not a check: ELU+1 linear attention vs causal softmax") and "Expected" in lines[-1]
+    gap = float(lines[-1].split("differ by up to ")[1].split(".")[0] + "." + lines[-1].split("differ by up to ")[1].split(".")[1])
+    assert gap > 0.05  # the two attentions really differ
     broken = lambda q, k, v, size, alpha=None: lab_np.dense(q, k, v, alpha) * 1.001  # noqa: E731
     monkeypatch.setattr(lab_np, "CHECKS", [(n, c) for n, c in lab_np.CHECKS])
     monkeypatch.setattr(lab_np, "chunkwise", broken)
     assert lab_np.main([]) == 1
     assert "recurrent vs chunkwise: FAIL" in capsys.readouterr().out
+
+
+def test_lab_chunk_size_flag(capsys):
+    assert lab_np.main(["--chunk-size", "3"]) == 0
+    assert "chunk sizes 3)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        lab_np.main(["--chunk-size", "0"])
+    assert "--chunk-size must be at least 1" in capsys.readouterr().err
