@@ -99,10 +99,13 @@ function table(head, rows, opts) {
 }
 // A line chart that scales with its box (viewBox); each series' legend entry is drawn in the series' colour.
 function lineChart(series, opts) {
-  const W = opts.width || 720, H = opts.height || 300, L = 64, R = 20, top = 16 + 20 * Math.ceil(series.length / 2), bottom = 44;
+  const cols = series.every((p) => p.label.length <= 20) ? 2 : 1;  // long legend labels get a row each
+  const W = opts.width || 720, H = opts.height || 330 + (cols === 1 ? 20 * series.length - 40 : 0), L = 84, R = 20, top = 16 + 24 * Math.ceil(series.length / cols), bottom = 44;
   const xs = series.flatMap((p) => p.points.map((q) => q[0])), ys = series.flatMap((p) => p.points.map((q) => q[1]));
-  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = opts.ymin !== undefined ? opts.ymin : Math.min(0, ...ys), y1 = opts.ymax !== undefined ? opts.ymax : Math.max(...ys);
-  const X = (x) => L + (W - L - R) * (x - x0) / (x1 - x0 || 1), Y = (y) => H - bottom - (H - bottom - top) * (y - y0) / (y1 - y0 || 1);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = opts.ymin !== undefined ? opts.ymin : Math.min(opts.logy ? Infinity : 0, ...ys), y1 = opts.ymax !== undefined ? opts.ymax : Math.max(...ys);
+  // logy: a log10 axis, so that a flat line far below a growing one stays visible; out-of-range points are clamped.
+  const ty = (y) => (opts.logy ? Math.log10(y) : y), Y0 = ty(y0), Y1 = ty(y1);
+  const X = (x) => L + (W - L - R) * (x - x0) / (x1 - x0 || 1), Y = (y) => H - bottom - (H - bottom - top) * (Math.min(Y1, Math.max(Y0, ty(y))) - Y0) / (Y1 - Y0 || 1);
   const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "chart", role: "img" });
   svg.append(s("line", { class: "axis", x1: L, y1: H - bottom, x2: W - R, y2: H - bottom }), s("line", { class: "axis", x1: L, y1: top, x2: L, y2: H - bottom }));
   svg.append(s("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle" }, opts.xlabel || ""));
@@ -114,9 +117,9 @@ function lineChart(series, opts) {
     const d = ser.points.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + " " + Y(p[1]).toFixed(1)).join(" ");
     const path = s("path", { d, fill: "none", stroke: ser.color, "stroke-width": 3, "stroke-dasharray": ser.dash || null, "data-series": n });
     svg.append(path);
-    if (ser.dots) ser.points.forEach((p) => svg.append(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 4, fill: ser.color })));
+    if (ser.dots) ser.points.forEach((p) => { if (p[1] >= y0 && p[1] <= y1) svg.append(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 4, fill: ser.color })); });
     anim(path, [{ opacity: 0 }, { opacity: 1 }], { duration: 500, delay: 120 * n });
-    const lx = L + 10 + (n % 2) * (W - L - R) / 2, ly = 14 + 20 * Math.floor(n / 2);
+    const lx = L + 10 + (n % cols) * (W - L - R) / 2, ly = 18 + 24 * Math.floor(n / cols);
     svg.append(s("line", { x1: lx, x2: lx + 26, y1: ly - 4, y2: ly - 4, stroke: ser.color, "stroke-width": 3, "stroke-dasharray": ser.dash || null }),
       s("text", { x: lx + 32, y: ly, "data-legend": n, style: "fill:" + ser.color, class: "legend" }, ser.label));
   });
@@ -149,3 +152,5 @@ const UI = {
   next: T("next step", "下一步"), timeline: T("timeline", "时间轴"), state: T("state", "状态"), write: T("write", "写入"),
 };
 const ui = (key) => tr(UI[key]);
+// Replace an element's children, skipping the null / false that optional parts leave.
+function put(el, ...kids) { el.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false)); return el; }

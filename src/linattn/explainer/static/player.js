@@ -22,7 +22,7 @@ function render(step) {
   }
   // The narration so far in this scene: earlier steps stay, dimmed; the current one is new.
   const narration = document.getElementById("narration");
-  narration.replaceChildren(...sc.text.slice(0, sub + 1).map((t, i) => h("p", { class: i === sub ? "now" : "before" }, fx(tr(t)))));
+  narration.replaceChildren(...sc.text.slice(sc.oneAtATime ? sub : 0, sub + 1).map((t, i) => h("p", { class: i === sub || sc.oneAtATime ? "now" : "before" }, fx(tr(t)))));
   anim(narration.lastChild, [{ opacity: 0, transform: "translateY(8px)" }, { opacity: 1, transform: "none" }], { duration: 400 });
   current.update(sub);
   current = Object.assign(current, { step, si, lang: LANG });

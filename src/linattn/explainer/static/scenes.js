@@ -38,7 +38,7 @@ scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通�
     const bars = (q, w, y) => h("div", { class: "row" }, box("q = " + vec(q.map((x) => Number(x.toFixed(2)))), ...w.map((x, i) => barRow("k" + (i + 1) + " " + vec(d.keys[i]), x, 1, C.k))),
       box(ui("out"), h("div", { class: "big" }, "y = Σ wᵢvᵢ = " + fmt(y, 4)), h("div", { class: "muted" }, fx("v = " + vec(d.values)))));
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) { const qd = d.queries[0]; view.append(bars(qd.q, qd.weights, qd.y)); }
       else if (sub === 1) {
         const angle = h("input", { type: "range", id: "softmax-angle", min: 0, max: 360, step: 5, value: 90 }), out = h("div", {});
@@ -46,7 +46,7 @@ scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通�
           const th = Number(angle.value) * Math.PI / 180, q = [1.5 * Math.cos(th), 1.5 * Math.sin(th)];
           const logits = d.keys.map((k) => (q[0] * k[0] + q[1] * k[1]) / Math.SQRT2), top = Math.max(...logits);
           const e = logits.map((l) => Math.exp(l - top)), sum = e.reduce((a, b) => a + b, 0), w = e.map((x) => x / sum);
-          out.replaceChildren(bars(q, w, w.reduce((a, x, i) => a + x * d.values[i], 0)));
+          put(out, bars(q, w, w.reduce((a, x, i) => a + x * d.values[i], 0)));
         };
         angle.addEventListener("input", draw);
         view.append(h("label", { class: "control" }, fx("q ∠ "), angle), out);
@@ -73,7 +73,7 @@ scene({ id: "rewrite", title: T("The key rewrite: let the sums happen first", "�
     const d = DATA.rewrite, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) view.append(formula("y = Σᵢ φ(q)ᵀφ(kᵢ) vᵢ / Σᵢ φ(q)ᵀφ(kᵢ)"), lineChart([{ points: d.x.map((x, i) => [x, d.elu1[i]]), color: C.k, label: "ELU(x) + 1" },
         { points: d.x.map((x, i) => [x, d.relu1[i]]), color: C.other, label: "relu(x) + 1", dash: "7 5" }], { xlabel: "x", ylabel: "φ(x)", xticks: [-3, 0, 3], yticks: [0, 1, 2, 4] }));
       else if (sub === 1 || sub === 2) {
@@ -101,7 +101,7 @@ scene({ id: "dense", title: T("Which attention are we reordering?", "先确认�
       const A = d.A.map((row, i) => row.map((x, j) => (d.mask[i][j] ? x : "")));
       const g = grid(A, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "k" });
       g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c, n) => enter(c, 60 * n));
-      view.replaceChildren(formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box("A", g),
+      put(view, formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box("A", g),
         box("AV", grid(d.AV.map((x) => [x]), { sym: "v" })), box("rowsum(A)", grid(d.rowsum.map((x) => [x]))),
         box("Y", grid(d.Y.map((x) => [fmt(x, 4)]))), sub === 1 ? box(tr(T("token loop", "逐词元循环")), grid(d.loop_y.map((x) => [fmt(x, 4)]))) : null));
       if (sub === 1) view.append(formula("yₜᵀ = q̃ₜᵀ Sₜ / q̃ₜᵀ zₜ"));
@@ -117,7 +117,7 @@ scene({ id: "matrix", title: T("With 2-d values the state really is a matrix", "
     const d = DATA.matrix, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) {
         const parts = d.outers.map((o, t) => box("k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ", grid(o, { sym: "S" })));
         parts.forEach((p, i) => enter(p, 250 * i));
@@ -193,7 +193,7 @@ scene({ id: "read", title: T("A query reads numerator and denominator together",
       const prod = (a, b) => a.map((x, i) => fmt(x) + " × " + fmt(b[i])).join(" + ");
       const numB = box(ui("num") + "  φ(q)ᵀS", h("div", { class: "big", id: "read-num" }, prod(q, S) + " = " + fmt(d.num)));
       const denB = box(ui("den") + "  φ(q)ᵀz", h("div", { class: "big", id: "read-den" }, prod(q, z) + " = " + fmt(d.den)));
-      view.replaceChildren(h("div", { class: "row" }, box("φ(q)", grid([q], { sym: "q" })), box("S", grid([S], { sym: "S" })), box("z", grid([z], { sym: "z" }))),
+      put(view, h("div", { class: "row" }, box("φ(q)", grid([q], { sym: "q" })), box("S", grid([S], { sym: "S" })), box("z", grid([z], { sym: "z" }))),
         sub >= 1 ? h("div", { class: "row" }, numB, denB) : null,
         sub === 2 ? h("div", { class: "big result", id: "read-y" }, "y = 17/6 ≈ " + fmt(d.y_final, 4)) : null);
       if (sub === 1) { enter(numB, 0); enter(denB, 200); }
@@ -212,7 +212,7 @@ scene({ id: "whyz", title: T("Without z the output grows with repetition", "没�
     const draw = () => {
       const m = Number(slider.value), max = d.rows[d.rows.length - 1].unnormalized, row = d.rows[m - 1];
       label.textContent = String(m);
-      out.replaceChildren(box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max, C.z), barRow(tr(T("numerator only", "只有分子")), row.unnormalized, max, C.err)));
+      put(out, box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max, C.z), barRow(tr(T("numerator only", "只有分子")), row.unnormalized, max, C.err)));
     };
     return draw;
   } });
@@ -227,7 +227,7 @@ scene({ id: "eps", title: T("ε guards the division, and changes small denominat
     root.append(view);
     const read = (den, eps, mode) => run({ rule: "accumulate", q: [1], k: [[den]], v: [[d.value]], eps, eps_mode: mode }).y[0][0];
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) {
         const c = d.case, max = 2;
         view.append(formula("y = " + tr(T("numerator", "分子")) + " / (" + tr(T("denominator", "分母")) + " + ε)"),
@@ -238,7 +238,7 @@ scene({ id: "eps", title: T("ε guards the division, and changes small denominat
         const tbl = h("div", {});
         const draw = (eps) => {
           const rows = d.rows.map((r) => (eps === d.eps ? r : { den: r.den, add: read(r.den, eps, "add"), clamp: read(r.den, eps, "clamp") }));
-          tbl.replaceChildren(table(["d = q·z", "add: d + ε", "clamp: max(d, ε)", ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
+          put(tbl, table(["d = q·z", "add: d + ε", "clamp: max(d, ε)", ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
         };
         const choice = h("select", { id: "eps-choice", onchange: (e) => draw(Number(e.target.value)) }, [1e-3, d.eps, 1e-9, 1e-12].map((x) => h("option", { value: x, selected: x === d.eps }, fmt(x))));
         view.append(h("label", { class: "control" }, "ε = ", choice), tbl);
@@ -269,7 +269,7 @@ scene({ id: "shapes", title: T("Every dimension in the formula", "公式里的�
         });
         svg.append(s("text", { x: 560, y: 160, "text-anchor": "middle" }, tr(T("same cost per token → total ∝ T", "每个词元成本相同 → 总量 ∝ T"))));
       }
-      view.replaceChildren(formula("Sₜ = Sₜ₋₁ + φ(kₜ) vₜᵀ", "zₜ = zₜ₋₁ + φ(kₜ)", "yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ"), svg);
+      put(view, formula("Sₜ = Sₜ₋₁ + φ(kₜ) vₜᵀ", "zₜ = zₜ₋₁ + φ(kₜ)", "yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ"), svg);
     };
   } });
 
@@ -291,7 +291,7 @@ scene({ id: "memory", title: T("A fixed-size state need not be small", "固定�
       const N = (key) => BigInt(inp[key]), b = BigInt(d.dtype_bytes[inp.state_dtype]), kb = BigInt(d.dtype_bytes[inp.kv_dtype]);
       const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb, total = N("B") * N("L") * N("H") * perHead;
       const mib = Number(total) / 1048576;
-      out.replaceChildren(h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes"), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
+      put(out, h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes"), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
         box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B"), h("div", {}, "KV " + bytes(kvTok) + tr(T(" B per token", " B/词元"))),
           h("div", { class: "big", id: "mem-cross" }, "T = " + bytes((perHead + kvTok - 1n) / kvTok)))));
     };
@@ -309,10 +309,11 @@ scene({ id: "crossover", title: T("For short sequences the state is not smaller"
     root.append(view);
     return (sub) => {
       const st = d.per_head_state_bytes, kv = d.per_head_kv_bytes_per_token, c = d.crossover;
-      const far = sub === 0 ? 2 * c : 8192, Ts = [0, far / 4, far / 2, 3 * far / 4, far];
+      const far = sub === 0 ? 2 * c : 8192, Ts = sub === 0 ? [0, far / 4, far / 2, 3 * far / 4, far] : [8, 16, 32, 64, 129, 256, 512, 1024, 2048, 4096, 8192];
       const marks = sub === 0 ? [{ x: c, label: "T = " + c }] : [{ x: 32, label: "T = 32" }, { x: 8192, label: "T = 8192", row: 1 }];
-      view.replaceChildren(lineChart([{ points: Ts.map((t) => [t, t * kv]), color: C.k, label: tr(T("KV cache (bfloat16)", "KV 缓存（bfloat16）")) },
-        { points: Ts.map((t) => [t, st]), color: C.S, label: tr(T("state (float32)", "状态（float32）")) }], { xlabel: "T", ylabel: tr(T("bytes per head", "每个头的字节数")), marks, xticks: [0, far / 2, far], yticks: [0, st, far * kv] }),
+      put(view, lineChart([{ points: Ts.map((t) => [t, t * kv]), color: C.k, label: tr(T("KV cache (bfloat16)", "KV 缓存（bfloat16）")) },
+        { points: Ts.map((t) => [t, st]), color: C.S, label: tr(T("state (float32)", "状态（float32）")) }], sub === 0 ? { xlabel: "T", ylabel: tr(T("bytes per head", "每个头的字节数")), marks, xticks: [0, c, far], yticks: [0, st, far * kv] }
+          : { xlabel: "T", ylabel: tr(T("bytes per head (log scale)", "每个头的字节数（对数刻度）")), marks, xticks: [8, 4096, 8192], yticks: [4096, st, far * kv], logy: true }),
         h("div", { class: "row" }, box("T = 32", h("div", { class: "big" }, "KV " + fmt(d.kv_at["32"] / 1024) + " KiB"), h("div", {}, tr(UI.state) + " " + fmt(st / 1024) + " KiB")),
           box("T = 129", h("div", { class: "big" }, "KV " + bytes(d.kv_at["129"]) + " B"), h("div", {}, tr(UI.state) + " " + bytes(st) + " B")),
           sub === 1 ? box("T = 8192", h("div", { class: "big" }, "KV " + fmt(d.kv_at["8192"] / 1048576) + " MiB"), h("div", {}, tr(UI.state) + " " + fmt(st / 1024) + " KiB")) : null));
@@ -344,13 +345,13 @@ scene({ id: "gates", title: T("A gate: let old memories fade", "加一个门：�
           return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, "t" + (t + 1) + ": " + (t ? fmt(a) + "×" + fmt(prev) + " + " + d.values[t] : d.values[t])), h("span", { class: "bartrack" }, bar),
             h("span", { class: "barval" }, h("span", { class: "sym-S" }, "S=" + fmt(x)), "  ", h("span", { class: "sym-z" }, "z=" + fmt(z[t]))));
         });
-        view.replaceChildren(formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
+        put(view, formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
           h("div", { class: "big", id: "gate-seq" }, "S: " + S.map((x) => fmt(x)).join(" → ") + ";  z: " + z.map((x) => fmt(x)).join(" → ")));
       } else {
         const w = [0, 1, 2].map((t) => [0, 1, 2].map((i) => (i <= t ? Math.pow(a, t - i) : "")));
         const g = grid(w, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "gate" });
         g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c) => { const x = Number(c.textContent); c.style.background = "rgba(0,131,143," + (0.12 + 0.6 * x).toFixed(2) + ")"; });
-        view.replaceChildren(formula("weight(i, t) = αᵢ₊₁ ⋯ αₜ"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
+        put(view, formula("weight(i, t) = αᵢ₊₁ ⋯ αₜ"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
       }
     };
     slider.addEventListener("input", draw);
@@ -369,7 +370,7 @@ scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan"
     root.append(view);
     const pair = (p) => "(" + fmt(p.a) + ", " + fmt(p.B) + ")";
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) { view.append(formula("f₂(f₁(S)) = a₂(a₁S + B₁) + B₂", "= (a₂a₁) S + (a₂B₁ + B₂)", "(a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
       if (sub === 1) {
         const svg = s("svg", { viewBox: "0 0 720 300", class: "diagram", role: "img", id: "scan-tree" });
@@ -404,7 +405,7 @@ scene({ id: "delta", title: T("The delta rule: read the old answer, write the er
     return (sub) => {
       const S = sub === 0 ? w.S0 : w.S, before = w.S0;
       const g = grid(S, { rowHeads: ["k=[1,0]", "k=[0,1]"], sym: "S", before: sub === 1 ? before : null });
-      view.replaceChildren(formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
+      put(view, formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
         box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction ", "预测 ")) + fmt(w.prediction)), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))),
           h("div", { class: "big sym-err", id: "delta-error" }, "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error))),
         sub === 1 ? box(tr(T("after the write", "写入之后")), h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = " + fmt(w.S[0][0])),
@@ -421,7 +422,7 @@ scene({ id: "repeat", title: T("Writing one key again and again: accumulate agai
     root.append(view);
     return () => {
       const n = 4, pts = c.S.slice(0, n).map((x, i) => [i, x]);
-      view.replaceChildren(lineChart([{ points: pts, color: C.S, label: "S (delta, β = 0.5)", dots: true }, { points: pts.map((p) => [p[0], 5]), color: C.v, label: tr(T("target v = 5", "目标 v = 5")), dash: "6 5" },
+      put(view, lineChart([{ points: pts, color: C.S, label: "S (delta, β = 0.5)", dots: true }, { points: pts.map((p) => [p[0], 5]), color: C.v, label: tr(T("target v = 5", "目标 v = 5")), dash: "6 5" },
         { points: pts.map((p) => [p[0], 2 + 5 * p[0]]), color: C.other, label: tr(T("accumulate: S + v", "累加：S + v")), dash: "2 4" }], { xlabel: tr(T("writes", "写入次数")), ylabel: "S", xticks: [0, 1, 2, 3], yticks: [0, 2, 5, 17] }),
       h("div", { class: "big", id: "delta-seq" }, c.S.slice(0, n).map((x) => fmt(x)).join(" → ")),
       h("div", { class: "sym-err", id: "delta-errors" }, "e: " + c.errors.slice(0, n - 1).map((x) => fmt(x)).join(", ")));
@@ -437,7 +438,7 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
     const d = DATA.delta, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) {
         const colors = [C.k, C.v, C.gate, C.err];
         view.append(formula("new e = (1 − β‖k‖²) × old e"), lineChart(d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true })),
@@ -452,7 +453,7 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
           const res = run({ rule: "delta", q: [k], k: Array(n).fill([k]), v: Array(n).fill([d.value]), beta: Array(n).fill(b), initial_S: [[d.start]] });
           const reads = [k * d.start].concat(res.y.map((y) => y[0])), f = 1 - b * k * k;
           const lim = Math.min(40, Math.max(10, ...reads.map(Math.abs)));
-          out.replaceChildren(h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + ";  1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
+          put(out, h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + ";  1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
             lineChart([{ points: reads.map((x, i) => [i, Math.max(-lim, Math.min(lim, x))]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
               { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS", ymin: -lim, ymax: lim, xticks: [0, 4, 8], yticks: [-lim, 0, 5, lim] }));
         };
@@ -490,9 +491,9 @@ scene({ id: "chunks", title: T("In training, state updates run in parallel block
       });
       const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => [ci + 1, c.start + j + 1, fmt(c.inter_num[j]), fmt(c.inter_den[j]), fmt(c.intra_num[j]), fmt(c.intra_den[j]),
         "(" + fmt(c.inter_num[j]) + " + " + fmt(c.intra_num[j]) + ") / (" + fmt(c.inter_den[j]) + " + " + fmt(c.intra_den[j]) + ")", fmt(y, 4), fmt(d.loop_y[c.start + j], 4)]));
-      out.replaceChildren(h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token", "（每个词元相同）")))), svg,
+      put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token", "（每个词元相同）")))), svg,
         sub >= 1 ? formula("num = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c", "den = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]", "S_next = S_prev + K̃_cᵀ V_c,   z_next = z_prev + Σrows K̃_c") : null,
-        table([tr(T("chunk", "块")), "t", ui("read") + ": " + ui("num"), ui("den"), ui("own") + ": " + ui("num"), ui("den"), "y = (" + ui("num") + ") / (" + ui("den") + ")", "y", tr(T("token loop", "逐词元循环"))], rows, { id: "chunk-table" }),
+        table([tr(T("chunk", "块")), "t", tr(T("carried: num", "携带：分子")), tr(T("carried: den", "携带：分母")), tr(T("own: num", "块内：分子")), tr(T("own: den", "块内：分母")), tr(T("(num) / (den)", "(分子) / (分母)")), "y", tr(T("token loop", "逐词元循环"))], rows, { id: "chunk-table" }),
         h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  ")),
         sub === 2 ? h("p", { class: "big", id: "chunk-final" }, "y₅ = " + fmt(d.num) + "/" + fmt(d.den) + " ≈ " + fmt(d.loop_y[4], 4)) : null);
     };
@@ -531,7 +532,7 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
     const m = DATA.measured, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) {
         const rows = [[T("decode state", "解码时的历史状态"), "O(n(dk + dv))", "O(dφdv + dφ)"], [T("work per step on the history", "每步读历史的计算"), "O(n(dk + dv))", "O(dφdv)"],
           [T("shape of the history", "历史的形态"), T("every position kept, matched one by one", "保留每个位置，逐项匹配"), T("written into a finite state", "写进有限容量的状态")],
@@ -559,7 +560,7 @@ scene({ id: "long", title: T("Over long histories the state's range grows", "长
     const m = DATA.measured, L = DATA.long, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) {
         const rec = m.stability.filter((r) => r.form === "recurrent" && r.dtype === "bfloat16");
         const chunk = (len, dt) => m.stability.find((r) => r.form === "chunk" && r.dtype === dt && r.length === len);
@@ -589,7 +590,7 @@ scene({ id: "quality", title: T("Speed stays flat, quality may fall as the histo
     const q = DATA.quality.hypothetical, m = DATA.measured, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
+      put(view, );
       if (sub === 0) {
         view.append(h("div", { class: "row" }, box(tr(T("hypothetical: decode time", "假想：解码时间")), ...q.lengths.map((L, i) => barRow(L, q.ms[i], 0.5, C.other))),
           box(tr(T("hypothetical: long-range retrieval", "假想：远距离检索")), ...q.lengths.map((L, i) => barRow(L, q.accuracy[i], 100, C.err)))),
@@ -631,7 +632,7 @@ const EXERCISES = [
     T("The effective rate βk² = 2 turns the error 3 into −3. With β = 1/k² = " + fmt(e.fixed_beta) + ": S′ = " + fmt(e.fixed_S) + ", prediction " + fmt(e.fixed_prediction) + ". The key's norm must enter the analysis.",
       "有效修正率 βk² = 2，误差从 3 变为 −3。若 β = 1/k² = " + fmt(e.fixed_beta) + "，则 S′ = " + fmt(e.fixed_S) + "、预测 = " + fmt(e.fixed_prediction) + "；key 的范数必须进入分析。")] },
 ];
-scene({ id: "exercises", title: T("Exercises", "练习"),
+scene({ id: "exercises", title: T("Exercises", "练习"), oneAtATime: true,
   text: EXERCISES.map((e) => T(e.title.en + ". " + e.q.en, e.title.zh + "。" + e.q.zh)),
   build(root) {
     const view = h("div", {});
@@ -650,7 +651,7 @@ scene({ id: "exercises", title: T("Exercises", "练习"),
         anim(verdict, [{ transform: "scale(0.9)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 350 });
       };
       inputs.forEach((inp) => inp.addEventListener("keydown", (ev) => { if (ev.key === "Enter") check(); }));
-      view.replaceChildren(h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: check }, ui("check"))), verdict,
+      put(view, h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: check }, ui("check"))), verdict,
         h("details", { id: "ex-solution" }, h("summary", {}, ui("show")), ex.solution(e).map((p) => h("p", {}, fx(tr(p))))),
         h("p", { class: "muted" }, tr(T("Write down the assumptions and units first, then substitute the numbers.", "先写出假设和单位，再代入数字。"))));
     };
@@ -684,7 +685,7 @@ scene({ id: "playground", title: T("Playground", "试验场"),
     const sel = (id, opts, get, set) => h("select", { id, onchange: (e) => { set(e.target.value); drawAll(); } }, opts.map((o) => h("option", { value: o, selected: String(get()) === String(o) }, o)));
     const drawControls = () => {
       const delta = st.rule.endsWith("delta");
-      controls.replaceChildren(h("label", { class: "control" }, tr(T("rule ", "规则 ")), sel("pg-rule", ["accumulate", "gated", "delta", "gated_delta"], () => st.rule, (x) => { st.rule = x; })),
+      put(controls, h("label", { class: "control" }, tr(T("rule ", "规则 ")), sel("pg-rule", ["accumulate", "gated", "delta", "gated_delta"], () => st.rule, (x) => { st.rule = x; })),
         h("label", { class: "control" }, "dv ", sel("pg-dv", [1, 2], () => st.dv, (x) => { st.dv = Number(x); })),
         delta ? null : h("label", { class: "control" }, "ε ", num(() => st.eps, (x) => { st.eps = Math.max(0, x); }, "pg-eps")),
         delta ? null : h("label", { class: "control" }, tr(T("ε mode ", "ε 模式 ")), sel("pg-mode", ["add", "clamp"], () => st.eps_mode, (x) => { st.eps_mode = x; })),
@@ -695,7 +696,7 @@ scene({ id: "playground", title: T("Playground", "试验场"),
     const drawTable = () => {
       const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
       const head = ["", "φ(k)₁", "φ(k)₂", "v₁"].concat(st.dv === 2 ? ["v₂"] : [], ["φ(q)₁", "φ(q)₂"], gated ? ["α"] : [], delta ? ["β"] : []);
-      tbl.replaceChildren(scroll(h("table", { class: "data inputs" }, h("tr", {}, head.map((x) => h("th", {}, fx(x)))), st.toks.map((tk, t) => h("tr", {}, h("td", {}, t + 1),
+      put(tbl, scroll(h("table", { class: "data inputs" }, h("tr", {}, head.map((x) => h("th", {}, fx(x)))), st.toks.map((tk, t) => h("tr", {}, h("td", {}, t + 1),
         [0, 1].map((i) => h("td", {}, num(() => tk.k[i], (x) => { tk.k[i] = x; }, "pg-k" + t + i))),
         (st.dv === 2 ? [0, 1] : [0]).map((j) => h("td", {}, num(() => tk.v[j], (x) => { tk.v[j] = x; }, "pg-v" + t + j))),
         [0, 1].map((i) => h("td", {}, num(() => tk.q[i], (x) => { tk.q[i] = x; }, "pg-q" + t + i))),
@@ -710,9 +711,9 @@ scene({ id: "playground", title: T("Playground", "试验场"),
       else Object.assign(spec, { eps: st.eps, eps_mode: st.eps_mode, normalize: st.normalize });
       try {
         const res = run(spec);
-        out.replaceChildren(h("div", { class: "row", id: "pg-out" }, res.S.map((S, t) => box(ui("token") + " " + (t + 1), grid(S, { sym: "S" }), res.z ? h("div", {}, fx("z = " + vec(res.z[t]))) : null, h("div", { class: "big" }, "y = " + vec(res.y[t]))))));
+        put(out, h("div", { class: "row", id: "pg-out" }, res.S.map((S, t) => box(ui("token") + " " + (t + 1), grid(S, { sym: "S" }), res.z ? h("div", {}, fx("z = " + vec(res.z[t]))) : null, h("div", { class: "big" }, "y = " + vec(res.y[t]))))));
       } catch (err) {
-        out.replaceChildren(h("p", { class: "error" }, err.message));
+        put(out, h("p", { class: "error" }, err.message));
       }
     };
     const drawAll = () => { drawControls(); drawTable(); compute(); };
