@@ -53,6 +53,8 @@ function checkSpec(spec) {
   const beta = delta ? checkList("beta", spec.beta, T, () => true, "each write strength must be a finite number") : null;
   const S0 = spec.initial_S === undefined ? null : checkMatrix("initial_S", spec.initial_S, r, dv);
   if (spec.initial_z !== undefined && !normalize) fail("initial_z", "given, but this run keeps no normalizer z");
+  if (normalize && (spec.initial_S === undefined) !== (spec.initial_z === undefined))
+    fail(spec.initial_z === undefined ? "initial_z" : "initial_S", "missing: a normalized initial state needs both initial_S and initial_z");
   const z0 = spec.initial_z === undefined ? null : checkMatrix("initial_z", [spec.initial_z], 1, r)[0];
   return { rule, gated, delta, q, k, v, T, r, dv, normalize, eps, mode, alpha, beta, S0, z0 };
 }

@@ -171,7 +171,8 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
         cells[key].t.textContent = fmt(x);
         if (sub >= 1 && sub <= 3 && x !== before) anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 600, delay: 550 });
       });
-      note.textContent = sub >= 1 && sub <= 3 ? "+ φ(k" + t + ")v" + t + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + "   + φ(k" + t + ") = " + vec(d.keys[t - 1]) : sub === 4 ? "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z) : "S₀ = 0, z₀ = 0";
+      const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
+      note.textContent = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) + "  →  " + now : sub === 4 ? now : "S₀ = 0, z₀ = 0";
       if (sub >= 1 && sub <= 3) {
         const [x, y] = cardAt(t - 1), from = [x + 52, y + 60];
         d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, from, cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, from, cells["z" + i].c, C.z, 100 + 60 * i); } });
@@ -233,7 +234,7 @@ scene({ id: "eps", title: T("ε guards the division, and changes small denominat
         view.append(formula("y = " + tr(T("numerator", "分子")) + " / (" + tr(T("denominator", "分母")) + " + ε)"),
           box(ui("num") + " = " + fmt(c.num) + ", " + ui("den") + " = " + fmt(c.den) + ", " + ui("exact") + " = 2",
             ...c.reads.map((r) => barRow("ε = " + fmt(r.eps) + " " + r.mode, r.y, max, r.mode === "add" ? C.err : C.other, "eps-" + r.mode + "-" + r.eps)),
-            h("div", { class: "big", id: "eps-case" }, "ε = 1e-6: " + fmt(c.reads[0].y, 5) + ";  ε = 1e-8: " + fmt(c.reads[2].y, 5))));
+            h("div", { class: "big", id: "eps-case" }, "ε = 1e-6: " + fmt(c.reads[0].y, 5) + "; ε = 1e-8: " + fmt(c.reads[2].y, 5))));
       } else {
         const tbl = h("div", {});
         const draw = (eps) => {
@@ -346,7 +347,7 @@ scene({ id: "gates", title: T("A gate: let old memories fade", "加一个门：�
             h("span", { class: "barval" }, h("span", { class: "sym-S" }, "S=" + fmt(x)), "  ", h("span", { class: "sym-z" }, "z=" + fmt(z[t]))));
         });
         put(view, formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
-          h("div", { class: "big", id: "gate-seq" }, "S: " + S.map((x) => fmt(x)).join(" → ") + ";  z: " + z.map((x) => fmt(x)).join(" → ")));
+          h("div", { class: "big", id: "gate-seq" }, "S: " + S.map((x) => fmt(x)).join(" → ") + "; z: " + z.map((x) => fmt(x)).join(" → ")));
       } else {
         const w = [0, 1, 2].map((t) => [0, 1, 2].map((i) => (i <= t ? Math.pow(a, t - i) : "")));
         const g = grid(w, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "gate" });
@@ -453,7 +454,7 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
           const res = run({ rule: "delta", q: [k], k: Array(n).fill([k]), v: Array(n).fill([d.value]), beta: Array(n).fill(b), initial_S: [[d.start]] });
           const reads = [k * d.start].concat(res.y.map((y) => y[0])), f = 1 - b * k * k;
           const lim = Math.min(40, Math.max(10, ...reads.map(Math.abs)));
-          put(out, h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + ";  1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
+          put(out, h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + "; 1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
             lineChart([{ points: reads.map((x, i) => [i, Math.max(-lim, Math.min(lim, x))]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
               { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS", ymin: -lim, ymax: lim, xticks: [0, 4, 8], yticks: [-lim, 0, 5, lim] }));
         };
