@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
             for name, lang, size, scene, sub in README:
                 pg = pages[size]
                 pg.goto(f"{path.as_uri()}?lang={lang}#step=1")
-                start = pg.evaluate(f"window.linattnExplainer.sceneStarts[window.linattnExplainer.scenes.indexOf({scene!r})]")
+                x = "window.linattnExplainer"
+                start = pg.evaluate(f"{x}.sceneStarts[{x}.scenes.indexOf({scene!r})]")
                 pg.evaluate(f"window.linattnExplainer.go({start + sub})")
                 pg.screenshot(path=f"docs/img/{name}")
                 print(f"wrote docs/img/{name}")

@@ -18,9 +18,9 @@ import pytest
 from linattn import memory, reference
 from linattn.explainer import build_page, lab_source
 
-EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes", "memory",
-                   "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "devices", "code", "saves", "long",
-                   "quality", "exercises", "lab", "playground", "references"]
+EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes",
+                   "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "devices", "code",
+                   "saves", "long", "quality", "exercises", "lab", "playground", "references"]
 PHONE, DESKTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 800}
 
 
@@ -93,10 +93,6 @@ def step(pg) -> int:
     return int(pg.evaluate("document.documentElement.dataset.step"))
 
 
-def step(pg) -> int:
-    return int(pg.evaluate("document.documentElement.dataset.step"))
-
-
 def _go_scene(pg, scene: str, sub: int = 0) -> None:
     """Go to step `sub` (from 0) of a scene, through the page's own scene table."""
     start = pg.evaluate(f"window.linattnExplainer.sceneStarts[window.linattnExplainer.scenes.indexOf({scene!r})]")
@@ -163,9 +159,11 @@ STEP_CHECKS = """() => {
     legends.push([getComputedStyle(t).fill, line ? getComputedStyle(line).stroke : null]);
   }
   return { scroll: document.documentElement.scrollWidth, width: W, wide: wide.slice(0, 3), legends,
-           animations: document.getAnimations().length, hash: location.hash, counter: document.getElementById('counter').textContent,
+           animations: document.getAnimations().length, hash: location.hash,
+           counter: document.getElementById('counter').textContent,
            step: document.documentElement.dataset.step, scene: document.documentElement.dataset.scene,
-           narration: document.getElementById('narration').innerText, visual: document.querySelector('#stage .visual').innerText,
+           narration: document.getElementById('narration').innerText,
+           visual: document.querySelector('#stage .visual').innerText,
            body: document.body.innerText };
 }"""
 ZH_FORBIDDEN = ["token ", "write", "read q", "S (from 0)", "softmax + KV cache", "linear attention state", "ε mode",
@@ -208,7 +206,8 @@ def test_no_sideways_scroll_on_desktop_sizes(browser, page_url):
         pg.goto(page_url)
         for i in range(1, pg.evaluate("window.linattnExplainer.steps") + 1):
             pg.evaluate(f"window.linattnExplainer.go({i})")
-            assert pg.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth"), (size, i)
+            fits = "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+            assert pg.evaluate(fits), (size, i)
         _close(pg, page_url)
 
 
