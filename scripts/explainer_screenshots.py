@@ -28,7 +28,9 @@ SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 README = [
     ("explainer-hero.png", "en", "desktop", "tokens", 3),
     ("explainer-phone.png", "en", "phone", "gates", 0),
+    ("explainer-tokens-en.png", "en", "desktop", "read", 2),
     ("explainer-chunks-en.png", "en", "desktop", "chunks", 1),
+    ("explainer-gates-en.png", "en", "desktop", "scan", 1),
     ("explainer-delta-zh.png", "zh", "desktop", "norm", 0),
 ]
 

@@ -33,7 +33,7 @@ const zeros = (r, c) => Array.from({ length: r }, () => new Array(c).fill(0));
 // ------------------------------------------------------------------------------------------------ symbols
 // One colour per symbol, in formulas, diagrams and legends alike (the CSS holds the same values).
 const COLORS = { q: "#7b3fb5", k: "#1f6fb2", v: "#2e7d32", S: "#c2571a", z: "#9a6b00", gate: "#00838f", err: "#c62828", y: "#1d232b", other: "#5b6470" };
-const SYMBOL = /(?<![A-Za-z])(φ\([qk]\)|[qkQK]̃|[qkvQKVSzαe])(?![A-Za-z(])/g;
+const SYMBOL = /(?<![A-Za-z])φ\([qk][ₜᵢ₀-₉]*\)|(?<![A-Za-z])(?:[qkQK]̃|[qkvQKVSzαe])(?![A-Za-z(])/g;
 const SYMCLASS = (t) => (t.startsWith("φ(q") || /^[qQ]/.test(t) ? "q" : t.startsWith("φ(k") || /^[kK]/.test(t) ? "k" : /^[vV]/.test(t) ? "v"
   : t === "S" ? "S" : t === "z" ? "z" : t === "α" ? "gate" : "err");
 // Text with its symbols coloured: "S = αS + φ(k)vᵀ" -> spans.
@@ -94,7 +94,7 @@ function barRow(label, value, max, color, id) {
 }
 const scroll = (el) => h("div", { class: "scroll" }, el);
 function table(head, rows, opts) {
-  return scroll(h("table", { class: "data", id: (opts && opts.id) || null }, h("tr", {}, head.map((x) => h("th", {}, x))),
+  return scroll(h("table", { class: "data" + (opts && opts.text ? " text" : ""), id: (opts && opts.id) || null }, h("tr", {}, head.map((x) => h("th", {}, x))),
     rows.map((r) => h("tr", { class: r.on ? "on" : null }, (r.cells || r).map((c) => h("td", {}, c instanceof Node ? c : typeof c === "number" ? fmt(c) : c))))));
 }
 // A line chart that scales with its box (viewBox); each series' legend entry is drawn in the series' colour.

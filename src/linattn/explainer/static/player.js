@@ -46,7 +46,7 @@ function setLang(lang) {
   document.getElementById("prev").setAttribute("aria-label", ui("prev"));
   document.getElementById("next").setAttribute("aria-label", ui("next"));
   timeline.setAttribute("aria-label", ui("timeline"));
-  document.getElementById("brand-title").textContent = tr(T("linear attention, step by step", "线性注意力，一步一步"));
+  document.getElementById("brand-title").textContent = " · " + tr(T("linear attention, step by step", "线性注意力，一步一步"));
   const url = new URL(location.href);
   if (url.searchParams.get("lang") !== LANG) {
     url.searchParams.set("lang", LANG);

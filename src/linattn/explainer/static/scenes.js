@@ -142,7 +142,7 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     T("Token 3: φ(k₃) = [1, 1], v₃ = 3 touches every cell: S = [5, 7], z = [2, 2].", "词元 3：φ(k₃) = [1, 1]，v₃ = 3，改动每个格子：S = [5, 7]，z = [2, 2]。"),
     T("The state is written up to position t before it is read, so the output at t includes the current token.", "先把状态更新到位置 t 再读取，所以位置 t 的输出包含当前词元。")],
   build(root) {
-    const d = DATA.tokens, W = 720, H = 250;
+    const d = DATA.tokens, W = 720, H = 235;
     const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "diagram", role: "img", id: "tokens-svg" });
     const cardAt = (i) => [20 + 120 * i, 40];
     d.keys.forEach((k, i) => {
@@ -159,9 +159,8 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     };
     svg.append(s("text", { x: 487, y: 30, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: 627, y: 30, "text-anchor": "middle", class: "big-svg sym-z" }, "z"));
     cell("S0", 450, 50, "φ₁"); cell("S1", 450, 110, "φ₂"); cell("z0", 590, 50, ""); cell("z1", 590, 110, "");
-    svg.append(s("text", { x: 20, y: 200 }, ""));
-    const note = s("text", { x: 20, y: 225, class: "muted-svg" }, "");
-    svg.append(note);
+    const arrows = s("g", {}), note = s("text", { x: 20, y: 215, class: "num" }, "");
+    svg.append(arrows, note);
     root.append(svg);
     return (sub) => {
       const t = Math.min(sub, 3), S = t ? d.S[t - 1] : zeros(2, 1), z = t ? d.z[t - 1] : [0, 0];
@@ -173,6 +172,17 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
       });
       const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
       note.textContent = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) + "  →  " + now : sub === 4 ? now : "S₀ = 0, z₀ = 0";
+      arrows.replaceChildren();
+      if (sub >= 1 && sub <= 3) {  // where this token writes: φ(k)vᵀ into S, φ(k) into z (drawn still, animated too)
+        const [x, y] = cardAt(t - 1);
+        d.keys[t - 1].forEach((kv, i) => { if (kv) {
+          const cy = cells["S" + i].c[1];
+          arrows.append(s("path", { d: `M${x + 104} ${y + 42} C ${x + 170} ${y + 42}, 400 ${cy}, 448 ${cy}`, stroke: C.S, "stroke-width": 2.5, fill: "none", opacity: 0.6 }));
+        } });
+        const zx = cells.z1.c[0];
+        arrows.append(s("path", { d: `M${x + 52} ${y + 84} C ${x + 52} 185, ${zx} 200, ${zx} 158`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }),
+          s("text", { x: 400, y: 44, "text-anchor": "middle", class: "sym-S" }, "φ(k)vᵀ"), s("text", { x: zx + 44, y: 185, class: "sym-z" }, "φ(k)"));
+      }
       if (sub >= 1 && sub <= 3) {
         const [x, y] = cardAt(t - 1), from = [x + 52, y + 60];
         d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, from, cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, from, cells["z" + i].c, C.z, 100 + 60 * i); } });
@@ -352,7 +362,7 @@ scene({ id: "gates", title: T("A gate: let old memories fade", "加一个门：�
         const w = [0, 1, 2].map((t) => [0, 1, 2].map((i) => (i <= t ? Math.pow(a, t - i) : "")));
         const g = grid(w, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "gate" });
         g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c) => { const x = Number(c.textContent); c.style.background = "rgba(0,131,143," + (0.12 + 0.6 * x).toFixed(2) + ")"; });
-        put(view, formula("weight(i, t) = αᵢ₊₁ ⋯ αₜ"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
+        put(view, formula(tr(T("weight(i, t) = αᵢ₊₁ ⋯ αₜ", "权重(i, t) = αᵢ₊₁ ⋯ αₜ"))), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
       }
     };
     slider.addEventListener("input", draw);
@@ -442,7 +452,7 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
       put(view, );
       if (sub === 0) {
         const colors = [C.k, C.v, C.gate, C.err];
-        view.append(formula("new e = (1 − β‖k‖²) × old e"), lineChart(d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true })),
+        view.append(formula(tr(T("new e = (1 − β‖k‖²) × old e", "新 e = (1 − β‖k‖²) × 旧 e"))), lineChart(d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true })),
           { xlabel: tr(T("writes", "写入次数")), ylabel: tr(T("error e", "误差 e")), ymin: -12, ymax: 12, xticks: [0, 3, 6], yticks: [-12, 0, 3, 12] }),
         h("div", { class: "big sym-err", id: "norm-k2" }, "‖k‖ = 2, β = 1: e = " + d.norm2.errors.map((x) => fmt(x)).join(" → ")));
       } else {
@@ -493,7 +503,7 @@ scene({ id: "chunks", title: T("In training, state updates run in parallel block
       const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => [ci + 1, c.start + j + 1, fmt(c.inter_num[j]), fmt(c.inter_den[j]), fmt(c.intra_num[j]), fmt(c.intra_den[j]),
         "(" + fmt(c.inter_num[j]) + " + " + fmt(c.intra_num[j]) + ") / (" + fmt(c.inter_den[j]) + " + " + fmt(c.intra_den[j]) + ")", fmt(y, 4), fmt(d.loop_y[c.start + j], 4)]));
       put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token", "（每个词元相同）")))), svg,
-        sub >= 1 ? formula("num = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c", "den = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]", "S_next = S_prev + K̃_cᵀ V_c,   z_next = z_prev + Σrows K̃_c") : null,
+        sub >= 1 ? formula(ui("num") + " = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c", ui("den") + " = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]", "S_next = S_prev + K̃_cᵀ V_c,   z_next = z_prev + Σrows K̃_c") : null,
         table([tr(T("chunk", "块")), "t", tr(T("carried: num", "携带：分子")), tr(T("carried: den", "携带：分母")), tr(T("own: num", "块内：分子")), tr(T("own: den", "块内：分母")), tr(T("(num) / (den)", "(分子) / (分母)")), "y", tr(T("token loop", "逐词元循环"))], rows, { id: "chunk-table" }),
         h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  ")),
         sub === 2 ? h("p", { class: "big", id: "chunk-final" }, "y₅ = " + fmt(d.num) + "/" + fmt(d.den) + " ≈ " + fmt(d.loop_y[4], 4)) : null);
@@ -516,9 +526,9 @@ scene({ id: "code", title: T("The minimal recurrence: every line is a tensor", "
   text: [T("This loop is the definition: every fast form (dense, chunked, scanned, one-step decode) must agree with it. Check the formula in float64 at small sizes first, then swap the dtype and the kernel and watch how the error grows; compare only runs with the same feature map and ε. A NumPy loop is a teaching reference: never compare its speed with an optimized softmax GPU kernel.",
     "这个循环就是定义：每一种快速形式（稠密、分块、扫描、单步解码）都必须与它一致。先用 float64、小尺寸确认公式，再替换 dtype 与 kernel，观察误差如何增长；只比较同一种特征映射和 ε。NumPy 循环是教学参考，不能拿它与优化过的 softmax GPU kernel 比速度。")],
   build(root) {
-    const lines = ["S = np.zeros((r, dv))            # r x dv", "z = np.zeros(r)                  # r", "for q, k, v in zip(phi(Q), phi(K), V):",
-      "    S += np.outer(k, v)          # [r, dv], includes the current token", "    z += k                       # [r]", "    den = q @ z                  # a number",
-      "    y = (q @ S) / (den + eps)    # [dv]"];
+    const lines = ["S = np.zeros((r, dv), dtype=np.float64)   # [r, dv]", "z = np.zeros(r, dtype=np.float64)         # [r]", "for q, k, v in zip(phi(Q), phi(K), V):",
+      "    S += np.outer(k, v)    # [r, dv]" + tr(T(", includes the current token", "，包含当前词元")), "    z += k                 # [r]",
+      "    denominator = q @ z    # " + tr(T("a number", "一个数")), "    y = (q @ S) / (denominator + eps)    # [dv]"];
     const pre = h("pre", { id: "code" }, lines.map((l) => h("span", { class: "codeline" }, fx(l.split("#")[0]), l.includes("#") ? h("span", { class: "muted" }, "#" + l.split("#")[1]) : null, "\n")));
     root.append(pre);
     return () => pre.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0 }, { opacity: 1 }], { duration: 350, delay: 90 * i }));
@@ -538,7 +548,7 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
         const rows = [[T("decode state", "解码时的历史状态"), "O(n(dk + dv))", "O(dφdv + dφ)"], [T("work per step on the history", "每步读历史的计算"), "O(n(dk + dv))", "O(dφdv)"],
           [T("shape of the history", "历史的形态"), T("every position kept, matched one by one", "保留每个位置，逐项匹配"), T("written into a finite state", "写进有限容量的状态")],
           [T("hard part", "关键挑战"), T("capacity and bandwidth of long histories", "长历史的容量与带宽"), T("exact retrieval, interference, forgetting", "精确检索、干扰与遗忘")]];
-        const t = table(["", tr(T("full softmax attention", "完整 softmax 注意力")), tr(T("basic linear attention", "基础线性注意力"))], rows.map((r) => r.map(tr)), { id: "saves-table" });
+        const t = table(["", tr(T("full softmax attention", "完整 softmax 注意力")), tr(T("basic linear attention", "基础线性注意力"))], rows.map((r) => r.map(tr)), { id: "saves-table", text: true });
         t.querySelectorAll("tr").forEach((tr_, i) => enter(tr_, 100 * i));
         view.append(t);
       } else {
@@ -599,7 +609,7 @@ scene({ id: "quality", title: T("Speed stays flat, quality may fall as the histo
           [T("latency hardly changes with T", "延迟基本不随 T 变"), T("the fixed state is really in use", "固定状态确实生效"), T("measure state bytes and the kernel's reads", "测状态字节与 kernel 读取量")],
           [T("near pairs good, far pairs bad", "近距离好、远距离差"), T("forgetting and state interference", "遗忘与状态干扰"), T("move the evidence, keep the total length", "改变证据位置，固定总长度")],
           [T("repeated keys get overwritten", "重复 key 容易覆盖"), T("write rule and associative capacity", "写入规则与关联容量"), T("compare accumulate, gated, delta", "比较累加、门控、delta 结构")],
-          [T("only long low-precision runs fail", "只有低精度长序列出错"), T("accumulated rounding error", "数值累加误差"), T("float64 / float32 reference on the same input", "同输入的 FP64 / FP32 参考")]].map((r) => r.map(tr)), { id: "quality-table" }));
+          [T("only long low-precision runs fail", "只有低精度长序列出错"), T("accumulated rounding error", "数值累加误差"), T("float64 / float32 reference on the same input", "同输入的 FP64 / FP32 参考")]].map((r) => r.map(tr)), { id: "quality-table", text: true }));
       } else {
         view.append(table([tr(T("mixer", "混合器")), tr(T("state floats / head", "每头状态浮点数")), tr(T("8 pairs", "8 对")), tr(T("12 pairs", "12 对"))],
           m.mqar.map((r) => [r.mixer, r.state_floats ? bytes(r.state_floats) : tr(T("KV cache", "KV 缓存")), Math.round(100 * r["acc_all@8"]) + "%", Math.round(100 * r["acc_all@12"]) + "%"]), { id: "mqar-table" }),
