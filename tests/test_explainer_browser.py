@@ -165,7 +165,8 @@ STEP_CHECKS = """() => {
            step: document.documentElement.dataset.step, scene: document.documentElement.dataset.scene,
            narration: document.getElementById('narration').innerText,
            visual: document.querySelector('#stage .visual').innerText,
-           body: [...document.querySelectorAll('pre')].reduce((t, p) => t.replace(p.innerText, ''), document.body.innerText) };
+           body: [...document.querySelectorAll('pre')].reduce((t, p) => t.replace(p.innerText, ''),
+                                                              document.body.innerText) };
 }"""
 ZH_FORBIDDEN = ["token ", "write", "read q", "S (from 0)", "softmax + KV cache", "linear attention state", "ε mode",
                 "elu+1 kernel", "rule ", "chunk size", "numerator", "denominator", "Show worked", "Check", "writes",
