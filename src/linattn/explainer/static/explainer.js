@@ -33,7 +33,7 @@ const zeros = (r, c) => Array.from({ length: r }, () => new Array(c).fill(0));
 // ------------------------------------------------------------------------------------------------ symbols
 // One colour per symbol, in formulas, diagrams and legends alike (the CSS holds the same values).
 const COLORS = { q: "#7b3fb5", k: "#1f6fb2", v: "#2e7d32", S: "#c2571a", z: "#9a6b00", gate: "#00838f", err: "#c62828", y: "#1d232b", other: "#5b6470" };
-const SYMBOL = /(?<![A-Za-z])φ\([qk][ₜᵢ₀-₉]*\)|(?<![A-Za-z])(?:[qkQK]̃|[qkvQKVSzαe])(?![A-Za-z(])/g;
+const SYMBOL = /(?<![A-Za-z0-9])φ\([qk][ₜᵢ₀-₉]*\)|(?<![A-Za-z0-9])(?:[qkQK]̃|[qkvQKVSzαe])(?![A-Za-z0-9(])/g;
 const SYMCLASS = (t) => (t.startsWith("φ(q") || /^[qQ]/.test(t) ? "q" : t.startsWith("φ(k") || /^[kK]/.test(t) ? "k" : /^[vV]/.test(t) ? "v"
   : t === "S" ? "S" : t === "z" ? "z" : t === "α" ? "gate" : "err");
 // Text with its symbols coloured: "S = αS + φ(k)vᵀ" -> spans.

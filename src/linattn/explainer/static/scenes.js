@@ -92,8 +92,8 @@ scene({ id: "rewrite", title: T("The key rewrite: let the sums happen first", "�
 scene({ id: "dense", title: T("Which attention are we reordering?", "先确认我们在重排哪一种注意力"),
   text: [T("Write Q̃ = φ(Q), K̃ = φ(K): rows of r features; V has dv columns; M is the causal mask (past and present only). The whole sequence at once: A = (Q̃K̃ᵀ) ⊙ M, a T × T matrix, and Y = AV / rowsum(A), the division broadcast row by row. Here the running example: three tokens, every query φ(q) = [2, 1].",
       "记 Q̃ = φ(Q)、K̃ = φ(K)：每行 r 个特征；V 每行 dv 维；M 是因果掩码（只允许过去和当前）。整段一次算：A = (Q̃K̃ᵀ) ⊙ M，是 T × T 矩阵；Y = AV / rowsum(A)，除法按行广播。这里用贯穿的例子：三个词元，每个查询 φ(q) = [2, 1]。"),
-    T("Row t: numerator Σ_{i≤t} (q̃ₜᵀk̃ᵢ) vᵢᵀ. Pull q̃ₜ out of the sum and it becomes q̃ₜᵀSₜ; the denominator becomes q̃ₜᵀzₜ. Same kernelized attention before and after; a finite φ is still not exp(qᵀk/√d). The rows equal the token loop's outputs.",
-      "第 t 行：分子 Σ_{i≤t} (q̃ₜᵀk̃ᵢ) vᵢᵀ。把 q̃ₜ 提到求和外，就是 q̃ₜᵀSₜ；分母变成 q̃ₜᵀzₜ。重排前后是同一个核化注意力；有限维 φ 仍然不等于 exp(qᵀk/√d)。各行与逐词元循环的输出相同。")],
+    T("Row t: numerator Σᵢ≤ₜ (q̃ₜᵀk̃ᵢ) vᵢᵀ. Pull q̃ₜ out of the sum and it becomes q̃ₜᵀSₜ; the denominator becomes q̃ₜᵀzₜ. Same kernelized attention before and after; a finite φ is still not exp(qᵀk/√d). The rows equal the token loop's outputs.",
+      "第 t 行：分子 Σᵢ≤ₜ (q̃ₜᵀk̃ᵢ) vᵢᵀ。把 q̃ₜ 提到求和外，就是 q̃ₜᵀSₜ；分母变成 q̃ₜᵀzₜ。重排前后是同一个核化注意力；有限维 φ 仍然不等于 exp(qᵀk/√d)。各行与逐词元循环的输出相同。")],
   build(root) {
     const d = DATA.dense, view = h("div", {});
     root.append(view);
@@ -577,7 +577,7 @@ scene({ id: "long", title: T("Over long histories the state's range grows", "长
         const chunk = (len, dt) => m.stability.find((r) => r.form === "chunk" && r.dtype === dt && r.length === len);
         view.append(lineChart([{ points: rec.map((r) => [Math.log2(r.length), r.reference_state_abs_max]), color: C.S, label: tr(T("largest |S|, float64", "最大 |S|，float64")), dots: true },
           { points: rec.map((r) => [Math.log2(r.length), r.state_abs_max]), color: C.err, label: tr(T("largest |S|, bfloat16 token loop", "最大 |S|，bfloat16 逐词元")), dots: true, dash: "6 4" }],
-        { xlabel: "log₂ T", ylabel: "|S|max" }),
+        { xlabel: "log₂ T", ylabel: "|S|max", xticks: rec.map((r) => Math.log2(r.length)), yticks: [0, Math.round(Math.max(...rec.map((r) => r.reference_state_abs_max)))] }),
         table(["T", tr(T("rel. error, bfloat16 token loop", "相对误差，bfloat16 逐词元")), tr(T("rel. error, chunk bfloat16", "相对误差，分块 bfloat16")), tr(T("rel. error, chunk float32", "相对误差，分块 float32"))],
           rec.map((r) => [bytes(r.length), fmt(r.max_rel_err, 3), chunk(r.length, "bfloat16") ? fmt(chunk(r.length, "bfloat16").max_rel_err, 3) : "", chunk(r.length, "float32") ? fmt(chunk(r.length, "float32").max_rel_err, 3) : ""]), { id: "long-table" }),
         h("p", { class: "muted" }, ui("source") + m.stability_files.join(", ")));
