@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def test_keys_slider_and_hash_move_the_step(page, page_url):
 
 # Each step: the page fits the phone's width, the counter says what the address says, entering animates, every
 # legend is drawn in its line's colour, the narration is in the page's language, and zh shows no English UI words
-# (code in <pre> aside).
+# (code in <pre> and the titles of cited papers aside).
 STEP_CHECKS = """() => {
   const W = document.documentElement.clientWidth, wide = [];
   for (const el of document.querySelectorAll('body *')) {
@@ -165,7 +166,7 @@ STEP_CHECKS = """() => {
            step: document.documentElement.dataset.step, scene: document.documentElement.dataset.scene,
            narration: document.getElementById('narration').innerText,
            visual: document.querySelector('#stage .visual').innerText,
-           body: [...document.querySelectorAll('pre')].reduce((t, p) => t.replace(p.innerText, ''),
+           body: [...document.querySelectorAll('pre, dl.refs dd')].reduce((t, p) => t.replace(p.innerText, ''),
                                                               document.body.innerText) };
 }"""
 ZH_FORBIDDEN = ["token ", "write", "read q", "S (from 0)", "softmax + KV cache", "linear attention state", "ε mode",
@@ -194,6 +195,8 @@ def test_every_step_on_a_phone(browser, page_url, lang):
             assert stroke is not None and fill == stroke, (where, fill, stroke)
         charts += len(r["legends"]) > 1
         assert len(r["narration"]) > 20 and len(r["visual"]) > 5, where
+        junk = re.search(r"\[object|\b(undefined|NaN|null|Infinity)\b", r["visual"])  # a value that failed to render
+        assert junk is None, (where, junk)
         has_cjk = any("\u4e00" <= ch <= "\u9fff" for ch in r["narration"])
         assert has_cjk == (lang == "zh"), where
         if lang == "zh":

@@ -9,14 +9,14 @@ function h(tag, attrs, ...kids) {
     if (key.startsWith("on")) el.addEventListener(key.slice(2), val);
     else if (val !== false && val !== null && val !== undefined) el.setAttribute(key, val === true ? "" : val);
   }
-  for (const kid of kids.flat()) if (kid !== null && kid !== undefined && kid !== false) el.append(kid instanceof Node ? kid : String(kid));
+  for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined && kid !== false) el.append(kid instanceof Node ? kid : String(kid));
   return el;
 }
 const SVGNS = "http://www.w3.org/2000/svg";
 function s(tag, attrs, ...kids) {
   const el = document.createElementNS(SVGNS, tag);
   for (const [key, val] of Object.entries(attrs || {})) if (val !== null && val !== undefined) el.setAttribute(key, val);
-  for (const kid of kids.flat()) if (kid !== null && kid !== undefined) el.append(kid instanceof Node ? kid : String(kid));
+  for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined) el.append(kid instanceof Node ? kid : String(kid));
   return el;
 }
 function fmt(x, digits) {

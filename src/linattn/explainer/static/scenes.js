@@ -644,7 +644,7 @@ const EXERCISES = [
       "有效修正率 βk² = 2，误差从 3 变为 −3。若 β = 1/k² = " + fmt(e.fixed_beta) + "，则 S′ = " + fmt(e.fixed_S) + "、预测 = " + fmt(e.fixed_prediction) + "；key 的范数必须进入分析。")] },
 ];
 scene({ id: "exercises", title: T("Exercises", "练习"), oneAtATime: true,
-  text: EXERCISES.map((e) => T(e.title.en + ". " + e.q.en, e.title.zh + "。" + e.q.zh)),
+  text: EXERCISES.map((e) => T(e.title.en + " " + e.q.en, e.title.zh + " " + e.q.zh)),
   build(root) {
     const view = h("div", {});
     root.append(view);
