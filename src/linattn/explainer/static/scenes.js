@@ -142,14 +142,16 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     T("Token 3: φ(k₃) = [1, 1], v₃ = 3 touches every cell: S = [5, 7], z = [2, 2].", "词元 3：φ(k₃) = [1, 1]，v₃ = 3，改动每个格子：S = [5, 7]，z = [2, 2]。"),
     T("The state is written up to position t before it is read, so the output at t includes the current token.", "先把状态更新到位置 t 再读取，所以位置 t 的输出包含当前词元。")],
   build(root) {
-    const d = DATA.tokens, W = 720, H = 235;
-    const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "diagram", role: "img", id: "tokens-svg" });
-    const cardAt = (i) => [20 + 120 * i, 40];
+    // Two layouts of one diagram: side by side on a wide screen, tokens above the state on a phone.
+    const d = DATA.tokens, narrow = root.clientWidth > 0 && root.clientWidth < 560;
+    const G = narrow ? { W: 380, H: 330, card: (i) => [8 + 124 * i, 8], cw: 116, S: [83, 150, 206], z: [243, 150, 206], head: 138, note: [8, 292] }
+      : { W: 720, H: 235, card: (i) => [20 + 120 * i, 40], cw: 104, S: [450, 50, 110], z: [590, 50, 110], head: 30, note: [20, 215] };
+    const svg = s("svg", { viewBox: "0 0 " + G.W + " " + G.H, class: "diagram" + (narrow ? " fit" : ""), role: "img", id: "tokens-svg" });
     d.keys.forEach((k, i) => {
-      const [x, y] = cardAt(i);
-      svg.append(s("rect", { x, y, width: 104, height: 84, rx: 8, class: "card", id: "tok-card-" + i }),
-        s("text", { x: x + 52, y: y + 22, "text-anchor": "middle" }, tr(UI.token) + " " + (i + 1)),
-        s("text", { x: x + 52, y: y + 46, "text-anchor": "middle", class: "sym-k" }, "φ(k)=" + vec(k)), s("text", { x: x + 52, y: y + 70, "text-anchor": "middle", class: "sym-v" }, "v=" + fmt(d.values[i])));
+      const [x, y] = G.card(i), m = x + G.cw / 2;
+      svg.append(s("rect", { x, y, width: G.cw, height: 84, rx: 8, class: "card", id: "tok-card-" + i }),
+        s("text", { x: m, y: y + 22, "text-anchor": "middle" }, tr(UI.token) + " " + (i + 1)),
+        s("text", { x: m, y: y + 46, "text-anchor": "middle", class: "sym-k" }, "φ(k)=" + vec(k)), s("text", { x: m, y: y + 70, "text-anchor": "middle", class: "sym-v" }, "v=" + fmt(d.values[i])));
     });
     const cells = {};
     const cell = (key, x, y, label) => {
@@ -157,10 +159,10 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
       svg.append(r, t, s("text", { x: x - 8, y: y + 30, "text-anchor": "end", class: "muted-svg" }, label));
       cells[key] = { r, t, c: [x + 37, y + 23] };
     };
-    svg.append(s("text", { x: 487, y: 30, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: 627, y: 30, "text-anchor": "middle", class: "big-svg sym-z" }, "z"));
-    cell("S0", 450, 50, "φ₁"); cell("S1", 450, 110, "φ₂"); cell("z0", 590, 50, ""); cell("z1", 590, 110, "");
-    const arrows = s("g", {}), note = s("text", { x: 20, y: 215, class: "num" }, "");
-    svg.append(arrows, note);
+    svg.append(s("text", { x: G.S[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: G.z[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-z" }, "z"));
+    cell("S0", G.S[0], G.S[1], "φ₁"); cell("S1", G.S[0], G.S[2], "φ₂"); cell("z0", G.z[0], G.z[1], ""); cell("z1", G.z[0], G.z[2], "");
+    const arrows = s("g", {}), note = s("text", { x: G.note[0], y: G.note[1], class: "num" }, ""), note2 = s("text", { x: G.note[0], y: G.note[1] + 26, class: "num" }, "");
+    svg.append(arrows, note, note2);
     root.append(svg);
     return (sub) => {
       const t = Math.min(sub, 3), S = t ? d.S[t - 1] : zeros(2, 1), z = t ? d.z[t - 1] : [0, 0];
@@ -171,21 +173,25 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
         if (sub >= 1 && sub <= 3 && x !== before) anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 600, delay: 550 });
       });
       const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
-      note.textContent = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) + "  →  " + now : sub === 4 ? now : "S₀ = 0, z₀ = 0";
+      const write = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) : "";
+      note.textContent = write ? write + (narrow ? "" : "  →  " + now) : sub === 4 ? now : "S₀ = 0, z₀ = 0";
+      note2.textContent = write && narrow ? "→  " + now : "";
       arrows.replaceChildren();
       if (sub >= 1 && sub <= 3) {  // where this token writes: φ(k)vᵀ into S, φ(k) into z (drawn still, animated too)
-        const [x, y] = cardAt(t - 1);
-        d.keys[t - 1].forEach((kv, i) => { if (kv) {
-          const cy = cells["S" + i].c[1];
-          arrows.append(s("path", { d: `M${x + 104} ${y + 42} C ${x + 170} ${y + 42}, 400 ${cy}, 448 ${cy}`, stroke: C.S, "stroke-width": 2.5, fill: "none", opacity: 0.6 }));
-        } });
-        const zx = cells.z1.c[0];
-        arrows.append(s("path", { d: `M${x + 52} ${y + 84} C ${x + 52} 185, ${zx} 200, ${zx} 158`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }),
-          s("text", { x: 400, y: 44, "text-anchor": "middle", class: "sym-S" }, "φ(k)vᵀ"), s("text", { x: zx + 44, y: 185, class: "sym-z" }, "φ(k)"));
-      }
-      if (sub >= 1 && sub <= 3) {
-        const [x, y] = cardAt(t - 1), from = [x + 52, y + 60];
-        d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, from, cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, from, cells["z" + i].c, C.z, 100 + 60 * i); } });
+        const [x, y] = G.card(t - 1), m = x + G.cw / 2;
+        if (narrow) {
+          arrows.append(s("path", { d: `M${m} ${y + 84} C ${m} 120, ${G.S[0] + 37} 110, ${G.S[0] + 37} ${G.head - 24}`, stroke: C.S, "stroke-width": 2.5, fill: "none", opacity: 0.6 }),
+            s("path", { d: `M${m} ${y + 84} C ${m} 120, ${G.z[0] + 37} 110, ${G.z[0] + 37} ${G.head - 24}`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }));
+        } else {
+          d.keys[t - 1].forEach((kv, i) => { if (kv) {
+            const cy = cells["S" + i].c[1];
+            arrows.append(s("path", { d: `M${x + G.cw} ${y + 42} C ${x + 170} ${y + 42}, 400 ${cy}, 448 ${cy}`, stroke: C.S, "stroke-width": 2.5, fill: "none", opacity: 0.6 }));
+          } });
+          const zx = cells.z1.c[0];
+          arrows.append(s("path", { d: `M${m} ${y + 84} C ${m} 185, ${zx} 200, ${zx} 158`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }),
+            s("text", { x: 400, y: 44, "text-anchor": "middle", class: "sym-S" }, "φ(k)vᵀ"), s("text", { x: zx + 44, y: 185, class: "sym-z" }, "φ(k)"));
+        }
+        d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, [m, y + 60], cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, [m, y + 60], cells["z" + i].c, C.z, 100 + 60 * i); } });
       }
     };
   } });
