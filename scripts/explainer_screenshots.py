@@ -1,14 +1,19 @@
-"""Screenshots of the explainer for the README (docs/img/explainer-*.png), and the page's weight and open time.
+"""Screenshots of the explainer: every step in both languages at desktop and phone size, and the README images.
 
-Uses the same browser as tests/test_explainer_browser.py: Debian's chromium through the playwright package
-(never a downloaded build). Run from the repository root:
+Uses the same browser as tests/test_explainer_browser.py: Debian's chromium through the playwright package (never a
+downloaded build). Run from the repository root:
 
-    python scripts/explainer_screenshots.py            # writes docs/img/explainer-*.png, prints weight and timing
+    python scripts/explainer_screenshots.py                   # every step into build/explainer-shots/
+    python scripts/explainer_screenshots.py --out DIR          # elsewhere
+    python scripts/explainer_screenshots.py --readme           # also rewrite docs/img/explainer-*.png
+
+Files are named ``{lang}-{width}x{height}-step{NN}-{scene}.png``. Motion is switched off (reduced motion), so each
+picture shows a step's final state.
 """
 
 from __future__ import annotations
 
-import statistics
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -18,34 +23,52 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from linattn.explainer import build_page  # noqa: E402
 
-SHOTS = [("tokens", 4, "en"), ("chunks", 1, "en"), ("gates", 2, "en"), ("delta", 1, "zh")]
-OUT = Path("docs/img")
+SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+# The README's pictures: (file name, language, size, scene, step within the scene).
+README = [
+    ("explainer-hero.png", "en", "desktop", "tokens", 3),
+    ("explainer-phone.png", "en", "phone", "gates", 0),
+    ("explainer-tokens-en.png", "en", "desktop", "read", 2),
+    ("explainer-chunks-en.png", "en", "desktop", "chunks", 1),
+    ("explainer-gates-en.png", "en", "desktop", "scan", 1),
+    ("explainer-delta-zh.png", "zh", "desktop", "norm", 0),
+]
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="build/explainer-shots", help="folder for the per-step screenshots")
+    ap.add_argument("--readme", action="store_true", help="also write the README images into docs/img")
+    ap.add_argument("--only-readme", action="store_true", help="write only the README images")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         path = Path(tmp) / "page.html"
-        page_text = build_page("en")
-        path.write_text(page_text, encoding="utf-8")
+        path.write_text(build_page("en"), encoding="utf-8")
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
-        pg = browser.new_page(viewport={"width": 1000, "height": 620})
-        opened = []
-        for _ in range(7):  # the page draws its first step while parsing, so this ends after the first step is drawn
-            pg.goto(path.as_uri() + "?lang=en#step=0")
-            opened.append(pg.evaluate("performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd"))
-        print(f"page: {len(page_text.encode('utf-8')):,} bytes; DOMContentLoaded (first step drawn) median "
-              f"{statistics.median(opened):.0f} ms of {len(opened)} loads")
-        for scene, sub, lang in SHOTS:
-            pg.goto(f"{path.as_uri()}?lang={lang}#step=0")
-            first = pg.evaluate(f"""(() => {{ const x = window.linattnExplainer;
-                for (let i = 0; i < x.steps; i++) {{ x.go(i); if (document.documentElement.dataset.scene === {scene!r})
-                return i; }} }})()""")
-            pg.evaluate(f"window.linattnExplainer.go({first + sub})")
-            pg.wait_for_timeout(800)  # let the CSS transitions finish
-            target = OUT / f"explainer-{scene}-{lang}.png"
-            pg.screenshot(path=str(target))
-            print(f"wrote {target}")
+        pages = {}
+        for size, (w, h) in SIZES.items():
+            pages[size] = browser.new_page(viewport={"width": w, "height": h}, reduced_motion="reduce")
+        if not args.only_readme:
+            out.mkdir(parents=True, exist_ok=True)
+            for lang in ("en", "zh"):
+                for size, (w, h) in SIZES.items():
+                    pg = pages[size]
+                    pg.goto(f"{path.as_uri()}?lang={lang}#step=1")
+                    for n in range(1, pg.evaluate("window.linattnExplainer.steps") + 1):
+                        pg.evaluate(f"window.linattnExplainer.go({n})")
+                        scene = pg.evaluate("document.documentElement.dataset.scene")
+                        pg.screenshot(path=str(out / f"{lang}-{w}x{h}-step{n:02d}-{scene}.png"))
+            print(f"wrote every step to {out}/")
+        if args.readme or args.only_readme:
+            for name, lang, size, scene, sub in README:
+                pg = pages[size]
+                pg.goto(f"{path.as_uri()}?lang={lang}#step=1")
+                x = "window.linattnExplainer"
+                start = pg.evaluate(f"{x}.sceneStarts[{x}.scenes.indexOf({scene!r})]")
+                pg.evaluate(f"window.linattnExplainer.go({start + sub})")
+                pg.screenshot(path=f"docs/img/{name}")
+                print(f"wrote docs/img/{name}")
         browser.close()
 
 

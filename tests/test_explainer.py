@@ -56,7 +56,12 @@ def test_worked_examples_come_from_the_reference():
     assert tok["S"][-1] == [[5.0], [7.0]] and tok["z"][-1] == [2.0, 2.0]
     assert (tok["num"], tok["den"]) == (17.0, 6.0) and tok["y_final"] == pytest.approx(17 / 6, abs=1e-15)
     mat = scenes.matrix_scene()
-    assert mat["S"] == [[5.0, 6.0], [7.0, 8.0]] and mat["num"] == [17.0, 20.0]
+    assert mat["S"] == [[2.0, 1.0], [4.0, 3.0]] and mat["z"] == [1.0, 1.0] and mat["num"] == [8.0, 5.0]
+    assert mat["den"] == 3.0 and mat["y"] == pytest.approx([8 / 3, 5 / 3], abs=1e-15)
+    assert mat["weights"] == pytest.approx([2 / 3, 1 / 3], abs=1e-15)
+    dense = scenes.dense_scene()
+    assert dense["A"] == [[2.0, 0.0, 0.0], [2.0, 1.0, 0.0], [2.0, 1.0, 3.0]]
+    np.testing.assert_allclose(dense["Y"], dense["loop_y"], rtol=1e-15)
     gates = scenes.gates_scene()
     assert [S[0][0] for S in gates["S"]] == [2.0, 5.0, 10.5]
     assert [z[0] for z in gates["z"]] == [1.0, 1.5, 1.75]
@@ -69,6 +74,23 @@ def test_worked_examples_come_from_the_reference():
     assert all(r["normalized"] == 3.0 and r["unnormalized"] == 9.0 * r["m"] for r in why["rows"])
     eps = {r["den"]: r for r in scenes.eps_scene()["rows"]}
     assert eps[1e-6]["add"] == pytest.approx(1.5) and eps[1e-6]["clamp"] == pytest.approx(3.0)
+    case = {(r["eps"], r["mode"]): r["y"] for r in scenes.eps_scene()["case"]["reads"]}
+    assert case[(1e-6, "add")] == pytest.approx(1.0) and round(case[(1e-8, "add")], 4) == 1.9802
+    assert case[(1e-6, "clamp")] == pytest.approx(2.0)
+    scan = gates["scan"]
+    assert [p["B"] for p in scan["prefixes"]] == scan["loop_prefix_S"] == [2.0, 5.0, 10.5, 21.25]
+    assert scan["swapped"]["B"] != scan["level1"][0]["B"] and scan["z_root"]["B"] == scan["loop_z"] == 1.875
+    one = delta["one_write"]
+    assert (one["prediction"], one["error"], one["S"], one["orthogonal_read"]) == (2.0, 3.0, [[3.5], [4.0]], 4.0)
+    assert delta["curves"][0]["errors"][:3] == [3.0, 1.5, 0.75]
+    assert delta["norm2"]["errors"] == [1.0, -3.0, 9.0, -27.0]
+    long = scenes.long_scene()
+    assert long["y_rescaled"] == pytest.approx(long["y"], rel=1e-14)  # S, z and eps scaled alike: same read
+    assert abs(long["next"]["y_rescaled"] - long["next"]["y"]) > 0.5  # a later write at the old scale differs
+    ex = scenes.exercises()
+    assert ex[0]["S"] == [[5.0, 3.0], [7.0, 5.0]] and ex[0]["answers"] == pytest.approx([17 / 6, 11 / 6], abs=1e-15)
+    assert ex[1]["coeffs"] == [0.125, 0.25, 1.0] and ex[1]["answers"][0] == pytest.approx(74 / 11, abs=1e-15)
+    assert ex[2]["answers"] == [4.0, 8.0] and (ex[2]["fixed_S"], ex[2]["fixed_prediction"]) == (2.5, 5.0)
 
 
 def test_chunk_scene_every_layout_equals_the_loop():
@@ -90,6 +112,8 @@ def test_memory_scene_uses_linattn_memory():
     m = scenes.memory_scene()
     assert m["state_bytes"] == 33_816_576 == memory.state_bytes(1, 32, 16, 128, 128, "float32")
     assert m["crossover"] == 129 and m["per_head_kv_bytes_per_token"] == 512
+    assert m["kv_at"] == {"32": 16 * 1024, "129": 66_048, "8192": 4 * 1024 * 1024}
+    assert m["per_head_state_bytes"] == 66_048
 
 
 def test_measured_summary_matches_the_result_files():
@@ -148,9 +172,24 @@ def test_lab_recurrence_equals_the_reference(rule, eps_mode):
 def test_lab_passes_and_a_broken_form_fails(monkeypatch, capsys):
     assert lab_np.main(["--seed", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(lab_np.CHECKS) + 1 and all(": PASS  max_err=" in line for line in lines[:-1])
+    assert len(lines) == len(lab_np.CHECKS) + 2 and all(": PASS  max_err=" in line for line in lines[:-2])
+    assert [line.split(":")[0] for line in lines[:4]] == ["recurrent vs dense kernel", "recurrent vs chunkwise",
+                                                         "gated scan coefficients", "delta unit-key convergence"]
+    contrast = lines[-1]
+    assert contrast.startswith("contrast, not a check: ELU+1 linear attention vs causal softmax")
+    assert "Expected" in contrast
+    gap = float(re.search(r"differ by up to (\d+\.\d+)", contrast).group(1))
+    assert gap > 0.05  # the two attentions really differ
     broken = lambda q, k, v, size, alpha=None: lab_np.dense(q, k, v, alpha) * 1.001  # noqa: E731
     monkeypatch.setattr(lab_np, "CHECKS", [(n, c) for n, c in lab_np.CHECKS])
     monkeypatch.setattr(lab_np, "chunkwise", broken)
     assert lab_np.main([]) == 1
     assert "recurrent vs chunkwise: FAIL" in capsys.readouterr().out
+
+
+def test_lab_chunk_size_flag(capsys):
+    assert lab_np.main(["--chunk-size", "3"]) == 0
+    assert "chunk sizes 3)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        lab_np.main(["--chunk-size", "0"])
+    assert "--chunk-size must be at least 1" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from typing import Any
 RECALL_FILE = "recall_d64.json"
 STABILITY_FILE = "stability_cpu.json"
 STABILITY_RECURRENT_FILE = "stability_cpu_recurrent.json"
+MQAR_FILE = "mqar_cpu_4000steps_seeds.json"
 RECALL_MECHANISMS = ("softmax", "accumulate", "gated a=0.9", "gated a=0.99", "delta")
 
 
@@ -46,7 +47,16 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
             and r["dtype"] in ("float32", "bfloat16")
         ]
 
+    mqar = json.loads((root / MQAR_FILE).read_text())
+    mqar_rows = [
+        {"mixer": m["mixer"], "state_floats": m["state_floats"], "seeds": len(m["seeds"]),
+         "acc_all@8": m["metrics"]["acc_all@8"]["mean"], "acc_all@12": m["metrics"]["acc_all@12"]["mean"]}
+        for m in mqar["mixers"]
+    ]
     return {
+        "mqar_file": f"benchmarks/results/{MQAR_FILE}",
+        "mqar_config": {k: mqar["config"][k] for k in ("seq_len", "train_pairs", "steps", "num_layers", "head_dim")},
+        "mqar": mqar_rows,
         "recall_file": f"benchmarks/results/{RECALL_FILE}",
         "recall_config": {k: recall["config"][k] for k in ("d", "trials")},
         "recall_distance": distance,

@@ -59,8 +59,8 @@ def softmax_scene() -> dict[str, Any]:
         w = np.exp(logits - logits.max())
         w /= w.sum()
         scenes.append({"q": q.tolist(), "logits": logits.tolist(), "weights": w.tolist(), "y": float(w @ values)})
-    d = 2
-    cost = [{"n": n, "kv_floats": n * 2 * d, "state_floats": d * 1 + d} for n in (1, 2, 4, 8, 16, 32)]
+    d = 128  # one head of width 128: the cache reads 2 n d numbers per step, the state r dv + r with r = dv = d
+    cost = [{"n": n, "kv_floats": n * 2 * d, "state_floats": d * d + d} for n in range(0, 257, 16)]
     return {"keys": keys.tolist(), "values": values.tolist(), "queries": scenes, "cost": cost}
 
 
@@ -82,14 +82,26 @@ def rewrite_scene() -> dict[str, Any]:
 
 
 def matrix_scene() -> dict[str, Any]:
-    """2-d keys and 2-d values: each token's outer product, their sum S, z, and the read for phi(q) = [2, 1]."""
-    values = [[2.0, 1.0], [4.0, 3.0], [3.0, 5.0]]
-    run = _run(KERNEL_KEYS, values, [KERNEL_QUERY] * 3)
-    outers = [np.outer(k, v).tolist() for k, v in zip(KERNEL_KEYS, values, strict=True)]
-    S, z = np.array(run["S"][-1]), np.array(run["z"][-1])
-    q = np.array(KERNEL_QUERY)
-    return {"keys": KERNEL_KEYS, "values": values, "query": KERNEL_QUERY, "outers": outers, "S": S.tolist(),
-            "z": z.tolist(), "num": (q @ S).tolist(), "den": float(q @ z), "y": run["y"][-1]}
+    """Two tokens with 2-d values: k1 = [1,0], v1 = [2,1]; k2 = [0,1], v2 = [4,3]; q = [2,1] reads [8/3, 5/3]."""
+    keys, values = [[1.0, 0.0], [0.0, 1.0]], [[2.0, 1.0], [4.0, 3.0]]
+    run = _run(keys, values, [KERNEL_QUERY] * 2)
+    outers = [np.outer(k, v).tolist() for k, v in zip(keys, values, strict=True)]
+    S, z, q = np.array(run["S"][-1]), np.array(run["z"][-1]), np.array(KERNEL_QUERY)
+    scores = np.array(keys) @ q  # q.k_i: the unnormalized weight of each token
+    return {"keys": keys, "values": values, "query": KERNEL_QUERY, "outers": outers, "S": S.tolist(),
+            "z": z.tolist(), "num": (q @ S).tolist(), "den": float(q @ z), "y": run["y"][-1],
+            "scores": scores.tolist(), "weights": (scores / scores.sum()).tolist()}
+
+
+def dense_scene() -> dict[str, Any]:
+    """The running example all at once: A = (Q K^T) * M, Y = A V / rowsum(A), equal to the token loop's outputs."""
+    Q = np.tile(KERNEL_QUERY, (len(KERNEL_KEYS), 1))
+    K, V = np.array(KERNEL_KEYS), np.array(KERNEL_VALUES)[:, None]
+    M = np.tril(np.ones((len(K), len(K))))
+    A = (Q @ K.T) * M
+    loop = _run(KERNEL_KEYS, KERNEL_VALUES, Q.tolist())
+    return {"A": A.tolist(), "mask": M.tolist(), "AV": (A @ V)[:, 0].tolist(), "rowsum": A.sum(axis=1).tolist(),
+            "Y": ((A @ V)[:, 0] / A.sum(axis=1)).tolist(), "loop_y": [y[0] for y in loop["y"]]}
 
 
 def tokens_scene() -> dict[str, Any]:
@@ -112,14 +124,19 @@ def whyz_scene(repeats: int = 8) -> dict[str, Any]:
 
 
 def eps_scene(eps: float = 1e-6) -> dict[str, Any]:
-    """One token whose feature is d and value 3, read by q = 1: the exact answer is 3 for every d > 0."""
+    """One token whose feature is d and value 3, read by q = 1: the exact answer is 3 for every d > 0.
+
+    ``case``: numerator 2e-6 over denominator 1e-6 (exact ratio 2) under eps = 1e-6 and 1e-8, added or clamped.
+    """
     rows = []
     for d in (1.0, 1e-3, 1e-5, 1e-6, 1e-7, 1e-9):
         row = {"den": d}
         for mode in ("add", "clamp"):
             row[mode] = _run([[d]], [3.0], [[1.0]], eps=eps, eps_mode=mode)["y"][0][0]
         rows.append(row)
-    return {"eps": eps, "value": 3.0, "rows": rows}
+    case = [{"eps": e, "mode": mode, "y": _run([[1e-6]], [2.0], [[1.0]], eps=e, eps_mode=mode)["y"][0][0]}
+            for e in (1e-6, 1e-8) for mode in ("add", "clamp")]
+    return {"eps": eps, "value": 3.0, "rows": rows, "case": {"num": 2e-6, "den": 1e-6, "reads": case}}
 
 
 def memory_scene() -> dict[str, Any]:
@@ -136,6 +153,7 @@ def memory_scene() -> dict[str, Any]:
         "per_head_state_bytes": per_head_state,
         "per_head_kv_bytes_per_token": per_head_kv_token,
         "crossover": memory.crossover_length(per_head_state, per_head_kv_token),
+        "kv_at": {str(T): memory.kv_cache_bytes(1, 1, 1, d, T, "bfloat16") for T in (32, 129, 8192)},
     }
 
 
@@ -156,18 +174,39 @@ def gates_scene() -> dict[str, Any]:
     level1 = [compose(leaves[1], leaves[0]), compose(leaves[3], leaves[2])]
     root = compose(level1[1], level1[0])
     loop = _run([[1.0]] * 4, Bs, [[1.0]] * 4, rule="gated", g=np.log(a), normalize=False)
+    # Every prefix, not only the root: prefix 3 = leaf 3 o prefix 2, prefix 4 = the level-1 pair o prefix 2.
+    prefixes = [leaves[0], level1[0], compose(leaves[2], level1[0]), root]
+    swapped = compose(leaves[0], leaves[1])  # token 1's map applied after token 2's: not the same state
+    zmaps = [{"a": x, "B": 1.0} for x in a]  # z composes alike with B = phi(k) = 1
+    zroot = compose(compose(zmaps[3], zmaps[2]), compose(zmaps[1], zmaps[0]))
+    loop_z = _run([[1.0]] * 4, Bs, [[1.0]] * 4, rule="gated", g=np.log(a))["z"][-1][0]
     return {"alpha": alpha, "values": [2.0, 4.0, 8.0], **run, "weights": weights,
-            "scan": {"leaves": leaves, "level1": level1, "root": root, "loop_S": loop["S"][-1][0][0]}}
+            "scan": {"leaves": leaves, "level1": level1, "root": root, "loop_S": loop["S"][-1][0][0],
+                     "prefixes": prefixes, "loop_prefix_S": [S[0][0] for S in loop["S"]], "swapped": swapped,
+                     "z_root": zroot, "loop_z": loop_z}}
 
 
 def delta_scene(writes: int = 8) -> dict[str, Any]:
-    """docs/mechanism.md §3: unit key, v = 5, S from 2; beta = 0.5 gives 3.5, 4.25, 4.625; other beta too."""
+    """The delta rule's worked numbers: one write on a 2-row memory, repeated writes, and the key norm's effect.
+
+    One write: S = [[2], [4]], key [1, 0], target 5, beta = 0.5: prediction 2, error 3, S[0] = 3.5, S[1] stays 4.
+    Repeated: unit key, v = 5, S from 2: 3.5, 4.25, 4.625 (errors 3, 1.5, 0.75). Norm: |k| = 2, beta = 1 multiplies
+    the error by 1 - 4 = -3 per write.
+    """
+    S0 = [[2.0], [4.0]]
+    one = _run([[1.0, 0.0]], [5.0], [[0.0, 1.0]], rule="delta", beta=[0.5], initial_S=S0)
+    one_write = {"S0": S0, "key": [1.0, 0.0], "target": 5.0, "beta": 0.5, "prediction": S0[0][0],
+                 "error": 5.0 - S0[0][0], "S": one["S"][0], "orthogonal_read": one["y"][0][0]}
     curves = []
     for beta in (0.5, 1.0, 1.5, 2.5):
         run = _run([[1.0]] * writes, [5.0] * writes, [[1.0]] * writes, rule="delta", beta=[beta] * writes,
                    initial_S=[[2.0]])
-        curves.append({"beta": beta, "S": [2.0] + [s[0][0] for s in run["S"]]})
-    return {"value": 5.0, "start": 2.0, "curves": curves}
+        S = [2.0] + [s[0][0] for s in run["S"]]
+        curves.append({"beta": beta, "S": S, "errors": [5.0 - x for x in S]})
+    norm2 = _run([[2.0]] * 3, [5.0] * 3, [[2.0]] * 3, rule="delta", beta=[1.0] * 3, initial_S=[[2.0]])
+    reads = [4.0] + [y[0] for y in norm2["y"]]  # k S before and after each write (k = 2, S from 2)
+    return {"value": 5.0, "start": 2.0, "curves": curves, "one_write": one_write,
+            "norm2": {"k": 2.0, "beta": 1.0, "reads": reads, "errors": [5.0 - x for x in reads]}}
 
 
 def _chunk_form(keys, values, q, size):
@@ -221,6 +260,53 @@ def devices_scene() -> dict[str, Any]:
             "composed": (P2 @ Q1 + Q2).tolist(), "one_pass": one_pass}
 
 
+def long_scene() -> dict[str, Any]:
+    """Rescaling S and z by c (and eps with them) keeps the current read; a later write at the old scale does not."""
+    keys, values, q = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [2.0, 4.0, 3.0], [[2.0, 1.0]]
+    eps, c = 1e-6, 0.5
+    base = _run(keys, values, q * 3, eps=eps)
+    S, z = np.array(base["S"][-1]), np.array(base["z"][-1])
+    nxt_k, nxt_v = [[1.0, 1.0]], [9.0]
+    same = _run([[0.0, 0.0]], [0.0], q, eps=eps * c, initial_S=S * c, initial_z=z * c)  # a zero key writes nothing
+    plain = _run(nxt_k, nxt_v, q, eps=eps, initial_S=S, initial_z=z)["y"][0][0]
+    scaled = _run(nxt_k, nxt_v, q, eps=eps * c, initial_S=S * c, initial_z=z * c)["y"][0][0]
+    return {"c": c, "eps": eps, "S": S.tolist(), "z": z.tolist(), "y": base["y"][-1][0],
+            "y_rescaled": same["y"][0][0], "next": {"k": nxt_k[0], "v": nxt_v[0], "y": plain, "y_rescaled": scaled}}
+
+
+def quality_scene() -> dict[str, Any]:
+    """The hypothetical of flat decode time and falling retrieval, labelled as such, and its diagnosis table."""
+    return {"hypothetical": {"lengths": ["2K", "8K", "32K"], "ms": [0.3, 0.3, 0.3], "accuracy": [98, 89, 61]}}
+
+
+def exercises() -> list[dict[str, Any]]:
+    """The three exercises' answers, from the reference."""
+    k3, v3 = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], [[2.0, 1.0], [4.0, 3.0], [3.0, 2.0]]
+    one = _run(k3, v3, [KERNEL_QUERY] * 3)
+    q, S, z = np.array(KERNEL_QUERY), np.array(one["S"][-1]), np.array(one["z"][-1])
+    alpha = [1.0, 0.5, 0.25]
+    two = _run([[1.0]] * 3, [2.0, 4.0, 8.0], [[1.0]] * 3, rule="gated", g=np.log(alpha))
+    coeffs = [float(np.prod(alpha[i + 1 :])) for i in range(3)]
+    three = _run([[2.0]], [5.0], [[2.0]], rule="delta", beta=[0.5], initial_S=[[1.0]])
+    fixed = _run([[2.0]], [5.0], [[2.0]], rule="delta", beta=[0.25], initial_S=[[1.0]])
+    return [
+        {"id": "matrix3", "S": S.tolist(), "z": z.tolist(), "num": (q @ S).tolist(), "den": float(q @ z),
+         "answers": one["y"][-1]},
+        {"id": "gate", "alpha": alpha, "coeffs": coeffs, "num": float(two["S"][-1][0][0]),
+         "den": float(two["z"][-1][0]), "answers": [two["y"][-1][0]]},
+        {"id": "delta_k2", "prediction": 2.0, "error": 3.0, "S": three["S"][0][0][0], "answers":
+         [three["S"][0][0][0], three["y"][0][0]], "fixed_beta": 0.25, "fixed_S": fixed["S"][0][0][0],
+         "fixed_prediction": fixed["y"][0][0]},
+    ]
+
+
+def lab_scene() -> dict[str, Any]:
+    """The lab's first four check names (its PASS lines) and its chunk sizes, from the lab itself."""
+    from linattn.explainer import lab_standalone
+
+    return {"checks": [name for name, _ in lab_standalone.CHECKS[:4]], "chunk_sizes": list(lab_standalone.CHUNK_SIZES)}
+
+
 def build_data() -> dict[str, Any]:
     """Everything the page's scripted scenes show, as plain JSON-able values."""
     from linattn.explainer.measured import load_measured
@@ -229,6 +315,7 @@ def build_data() -> dict[str, Any]:
         "softmax": softmax_scene(),
         "rewrite": rewrite_scene(),
         "matrix": matrix_scene(),
+        "dense": dense_scene(),
         "tokens": tokens_scene(),
         "whyz": whyz_scene(),
         "eps": eps_scene(),
@@ -237,5 +324,9 @@ def build_data() -> dict[str, Any]:
         "delta": delta_scene(),
         "chunks": chunks_scene(),
         "devices": devices_scene(),
+        "long": long_scene(),
+        "quality": quality_scene(),
+        "exercises": exercises(),
+        "lab": lab_scene(),
         "measured": load_measured(),
     }

@@ -1,82 +1,156 @@
-/* The slide player and its scenes. Numbers of scripted scenes come from DATA (computed in Python, float64);
-   what the learner edits is computed by run() from engine.js. */
+/* Helpers for the scenes: DOM and SVG builders, one colour per symbol, motion, charts. Numbers of scripted scenes
+   come from DATA (computed in Python, float64); what the learner edits is computed by run() from engine.js. */
 const DATA = JSON.parse(document.getElementById("linattn-data").textContent);
 
-// ------------------------------------------------------------------------------------------------ helpers
+// ------------------------------------------------------------------------------------------------ DOM
 function h(tag, attrs, ...kids) {
   const el = document.createElement(tag);
   for (const [key, val] of Object.entries(attrs || {})) {
-    if (key === "html") el.innerHTML = val;
-    else if (key.startsWith("on")) el.addEventListener(key.slice(2), val);
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), val);
     else if (val !== false && val !== null && val !== undefined) el.setAttribute(key, val === true ? "" : val);
   }
-  for (const kid of kids.flat()) if (kid !== null && kid !== undefined) el.append(kid instanceof Node ? kid : String(kid));
+  for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined && kid !== false) el.append(kid instanceof Node ? kid : String(kid));
   return el;
 }
 const SVGNS = "http://www.w3.org/2000/svg";
 function s(tag, attrs, ...kids) {
   const el = document.createElementNS(SVGNS, tag);
-  for (const [key, val] of Object.entries(attrs || {})) el.setAttribute(key, val);
-  for (const kid of kids.flat()) if (kid !== null && kid !== undefined) el.append(kid instanceof Node ? kid : String(kid));
+  for (const [key, val] of Object.entries(attrs || {})) if (val !== null && val !== undefined) el.setAttribute(key, val);
+  for (const kid of kids.flat(Infinity)) if (kid !== null && kid !== undefined) el.append(kid instanceof Node ? kid : String(kid));
   return el;
 }
 function fmt(x, digits) {
   if (x === null || x === undefined) return "";
   if (Number.isInteger(x)) return Math.abs(x) >= 10000 ? x.toLocaleString("en-US") : String(x);
-  if (Math.abs(x) < 1e-3 || Math.abs(x) >= 1e6) return x.toExponential(digits === undefined ? 3 : digits - 1).replace(/\.?0+e/, "e");
+  if (x !== 0 && (Math.abs(x) < 1e-3 || Math.abs(x) >= 1e6)) return x.toExponential(digits === undefined ? 3 : digits - 1).replace(/\.?0+e/, "e");
   return String(Number(x.toFixed(digits === undefined ? 4 : digits)));
 }
 const bytes = (n) => n.toLocaleString("en-US");
+const vec = (x, d) => "[" + x.map((e) => fmt(e, d)).join(", ") + "]";
+const mat = (m, d) => "[" + m.map((r) => vec(r, d)).join(", ") + "]";
+const zeros = (r, c) => Array.from({ length: r }, () => new Array(c).fill(0));
+
+// ------------------------------------------------------------------------------------------------ symbols
+// One colour per symbol, in formulas, diagrams and legends alike (the CSS holds the same values).
+const COLORS = { q: "#7b3fb5", k: "#1f6fb2", v: "#2e7d32", S: "#c2571a", z: "#9a6b00", gate: "#00838f", err: "#c62828", y: "#1d232b", other: "#5b6470" };
+const SYMBOL = /(?<![A-Za-z0-9])φ\([qk][ₜᵢ₀-₉]*\)|(?<![A-Za-z0-9])(?:[qkQK]̃|[qkvQKVSzαe])(?![A-Za-z0-9(])/g;
+const SYMCLASS = (t) => (t.startsWith("φ(q") || /^[qQ]/.test(t) ? "q" : t.startsWith("φ(k") || /^[kK]/.test(t) ? "k" : /^[vV]/.test(t) ? "v"
+  : t === "S" ? "S" : t === "z" ? "z" : t === "α" ? "gate" : "err");
+// Text with its symbols coloured: "S = αS + φ(k)vᵀ" -> spans.
+function fx(text, cls) {
+  const el = h("span", { class: cls || null });
+  let last = 0;
+  for (const m of text.matchAll(SYMBOL)) {
+    if (m.index > last) el.append(text.slice(last, m.index));
+    el.append(h("span", { class: "sym sym-" + SYMCLASS(m[0]) }, m[0]));
+    last = m.index + m[0].length;
+  }
+  el.append(text.slice(last));
+  return el;
+}
+const formula = (...lines) => h("div", { class: "formula" }, lines.map((l) => h("div", {}, typeof l === "string" ? fx(l) : l)));
+
+// ------------------------------------------------------------------------------------------------ motion
+const reduced = () => window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+function anim(el, frames, opts) {
+  if (reduced() || !el || !el.animate) return null;
+  return el.animate(frames, Object.assign({ duration: 500, easing: "ease-out", fill: "backwards" }, opts || {}));
+}
+const enter = (el, delay) => anim(el, [{ opacity: 0, transform: "translateY(10px)" }, { opacity: 1, transform: "none" }], { duration: 450, delay: delay || 0 });
+const pulse = (el, color, delay) => anim(el, [{ backgroundColor: color, color: "#fff", transform: "scale(1.15)" }, {}], { duration: 650, delay: delay || 0 });
+// A dot that travels from one SVG point to another (a value flowing into the state), then disappears.
+function flow(svg, from, to, color, delay, label) {
+  if (reduced()) return;
+  const g = s("g", { class: "flow" }, s("circle", { cx: from[0], cy: from[1], r: 7, fill: color, opacity: 0.9 }),
+    label ? s("text", { x: from[0], y: from[1] - 10, "text-anchor": "middle", style: "fill:" + color }, label) : null);
+  svg.append(g);
+  const a = anim(g, [{ transform: "translate(0,0)", opacity: 1 }, { transform: "translate(" + (to[0] - from[0]) + "px," + (to[1] - from[1]) + "px)", opacity: 0.2 }],
+    { duration: 650, delay: delay || 0, easing: "ease-in-out", fill: "both" });
+  if (a) a.onfinish = () => g.remove();
+}
+
+// ------------------------------------------------------------------------------------------------ widgets
 function grid(rows, opts) {
   opts = opts || {};
   const cols = rows[0].length;
-  const g = h("div", { class: "grid", style: "grid-template-columns: repeat(" + (cols + (opts.rowHeads ? 1 : 0)) + ", auto)" });
+  const g = h("div", { class: "grid" + (opts.sym ? " grid-" + opts.sym : ""), style: "grid-template-columns: repeat(" + (cols + (opts.rowHeads ? 1 : 0)) + ", auto)" });
   if (opts.colHeads) { if (opts.rowHeads) g.append(h("div", { class: "cell head" })); opts.colHeads.forEach((c) => g.append(h("div", { class: "cell head" }, c))); }
   rows.forEach((row, i) => {
     if (opts.rowHeads) g.append(h("div", { class: "cell head" }, opts.rowHeads[i]));
     row.forEach((x, j) => {
       const changed = opts.before && opts.before[i][j] !== x;
-      g.append(h("div", { class: "cell" + (changed ? " changed" : ""), "data-i": i, "data-j": j }, typeof x === "number" ? fmt(x) : x));
+      const cell = h("div", { class: "cell" + (changed ? " changed" : "") + (x === "" ? " off" : ""), "data-i": i, "data-j": j }, typeof x === "number" ? fmt(x, opts.digits) : x);
+      if (changed) pulse(cell, COLORS[opts.sym] || COLORS.S, 150);
+      g.append(cell);
     });
   });
   return g;
 }
-function box(title, ...kids) { return h("div", { class: "box" }, h("h3", {}, title), ...kids); }
-function barRow(label, value, max, cls) {
-  return h("div", {}, h("span", { style: "display:inline-block;width:7em" }, label),
-    h("span", { class: "bar " + (cls || ""), style: "width:" + Math.max(1, 260 * value / max).toFixed(1) + "px" }), " ", fmt(value, 3));
+function box(title, ...kids) { return h("div", { class: "box" }, h("h3", {}, typeof title === "string" ? fx(title) : title), ...kids); }
+function barRow(label, value, max, color, id) {
+  const bar = h("span", { class: "bar", id: id || null, style: "width:" + Math.max(0.5, 100 * Math.abs(value) / max).toFixed(1) + "%;background:" + (color || COLORS.k) });
+  anim(bar, [{ transform: "scaleX(0)" }, { transform: "scaleX(1)" }], { duration: 550 });
+  return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, label), h("span", { class: "bartrack" }, bar), h("span", { class: "barval" }, fmt(value, 3)));
 }
+const scroll = (el) => h("div", { class: "scroll" }, el);
+function table(head, rows, opts) {
+  return scroll(h("table", { class: "data" + (opts && opts.text ? " text" : ""), id: (opts && opts.id) || null }, h("tr", {}, head.map((x) => h("th", {}, x))),
+    rows.map((r) => h("tr", { class: r.on ? "on" : null }, (r.cells || r).map((c) => h("td", {}, c instanceof Node ? c : typeof c === "number" ? fmt(c) : c))))));
+}
+// A line chart that scales with its box (viewBox); each series' legend entry is drawn in the series' colour.
 function lineChart(series, opts) {
-  const W = opts.width || 560, H = opts.height || 220, pad = 58;
+  const cols = series.every((p) => p.label.length <= 20) ? 2 : 1;  // long legend labels get a row each
+  const W = opts.width || 720, H = opts.height || 330 + (cols === 1 ? 20 * series.length - 40 : 0), L = 84, R = 20, top = 16 + 24 * Math.ceil(series.length / cols), bottom = 44;
   const xs = series.flatMap((p) => p.points.map((q) => q[0])), ys = series.flatMap((p) => p.points.map((q) => q[1]));
-  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(0, ...ys), y1 = Math.max(...ys);
-  const X = (x) => pad + (W - 2 * pad) * (x - x0) / (x1 - x0 || 1), Y = (y) => H - pad + (2 * pad - H) * (y - y0) / (y1 - y0 || 1);
-  const svg = s("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img" });
-  svg.append(s("line", { class: "axis", x1: pad, y1: H - pad, x2: W - pad, y2: H - pad }), s("line", { class: "axis", x1: pad, y1: pad / 2, x2: pad, y2: H - pad }));
-  svg.append(s("text", { x: W / 2, y: H - 8, "text-anchor": "middle" }, opts.xlabel || ""), s("text", { x: 4, y: 14 }, opts.ylabel || ""));
-  svg.append(s("text", { x: X(x0), y: H - pad + 16, "text-anchor": "middle" }, fmt(x0, 3)), s("text", { x: X(x1), y: H - pad + 16, "text-anchor": "middle" }, fmt(x1, 3)));
-  svg.append(s("text", { x: pad - 4, y: Y(y1) + 4, "text-anchor": "end" }, fmt(y1, 3)), s("text", { x: pad - 4, y: Y(y0) + 4, "text-anchor": "end" }, fmt(y0, 3)));
+  const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = opts.ymin !== undefined ? opts.ymin : Math.min(opts.logy ? Infinity : 0, ...ys), y1 = opts.ymax !== undefined ? opts.ymax : Math.max(...ys);
+  // logy: a log10 axis, so that a flat line far below a growing one stays visible; out-of-range points are clamped.
+  const ty = (y) => (opts.logy ? Math.log10(y) : y), Y0 = ty(y0), Y1 = ty(y1);
+  const X = (x) => L + (W - L - R) * (x - x0) / (x1 - x0 || 1), Y = (y) => H - bottom - (H - bottom - top) * (Math.min(Y1, Math.max(Y0, ty(y))) - Y0) / (Y1 - Y0 || 1);
+  const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "chart", role: "img" });
+  svg.append(s("line", { class: "axis", x1: L, y1: H - bottom, x2: W - R, y2: H - bottom }), s("line", { class: "axis", x1: L, y1: top, x2: L, y2: H - bottom }));
+  svg.append(s("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle" }, opts.xlabel || ""));
+  svg.append(s("text", { x: 12, y: (top + H - bottom) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (top + H - bottom) / 2 + ")" }, opts.ylabel || ""));
+  const xt = opts.xticks || [x0, x1], yt = opts.yticks || [y0, y1];
+  xt.forEach((x) => svg.append(s("text", { x: X(x), y: H - bottom + 18, "text-anchor": "middle" }, fmt(x, 3))));
+  yt.forEach((y) => svg.append(s("text", { x: L - 6, y: Y(y) + 4, "text-anchor": "end" }, fmt(y, 3)), s("line", { class: "gridline", x1: L, x2: W - R, y1: Y(y), y2: Y(y) })));
   series.forEach((ser, n) => {
     const d = ser.points.map((p, i) => (i ? "L" : "M") + X(p[0]).toFixed(1) + " " + Y(p[1]).toFixed(1)).join(" ");
-    svg.append(s("path", { d, fill: "none", stroke: ser.color, "stroke-width": 2.5, "stroke-dasharray": ser.dash || "" }));
-    svg.append(s("text", { x: W - 4, y: 14 + 15 * n, "text-anchor": "end", fill: ser.color }, "— " + ser.label));
+    const path = s("path", { d, fill: "none", stroke: ser.color, "stroke-width": 3, "stroke-dasharray": ser.dash || null, "data-series": n });
+    svg.append(path);
+    if (ser.dots) ser.points.forEach((p) => { if (p[1] >= y0 && p[1] <= y1) svg.append(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 4, fill: ser.color })); });
+    anim(path, [{ opacity: 0 }, { opacity: 1 }], { duration: 500, delay: 120 * n });
+    const lx = L + 10 + (n % cols) * (W - L - R) / 2, ly = 18 + 24 * Math.floor(n / cols);
+    svg.append(s("line", { x1: lx, x2: lx + 26, y1: ly - 4, y2: ly - 4, stroke: ser.color, "stroke-width": 3, "stroke-dasharray": ser.dash || null }),
+      s("text", { x: lx + 32, y: ly, "data-legend": n, style: "fill:" + ser.color, class: "legend" }, ser.label));
   });
-  (opts.marks || []).forEach((m) => svg.append(s("line", { x1: X(m), x2: X(m), y1: pad / 2, y2: H - pad, stroke: "#c2571a", "stroke-dasharray": "4 3" })));
+  (opts.marks || []).forEach((m) => {
+    svg.append(s("line", { x1: X(m.x), x2: X(m.x), y1: top, y2: H - bottom, stroke: COLORS.other, "stroke-dasharray": "4 3" }),
+      X(m.x) > 0.7 * W ? s("text", { x: X(m.x) - 4, y: top + 14 + (m.row || 0) * 16, "text-anchor": "end" }, m.label) : s("text", { x: X(m.x) + 4, y: top + 14 + (m.row || 0) * 16 }, m.label));
+  });
   return svg;
 }
-const vec = (x) => "[" + x.map((e) => fmt(e)).join(", ") + "]";
-const zeros = (r, c) => Array.from({ length: r }, () => new Array(c).fill(0));
+// Parse a learner's answer: a decimal or a fraction such as 17/6.
+function parseNumber(text) {
+  const t = String(text).trim().replace(/[−–]/g, "-").replace(/[，,]$/, "");
+  const m = /^(-?\d+(?:\.\d+)?)\s*\/\s*(-?\d+(?:\.\d+)?)$/.exec(t);
+  if (m) return Number(m[2]) === 0 ? NaN : Number(m[1]) / Number(m[2]);
+  return /^-?(\d+\.?\d*|\.\d+)(e-?\d+)?$/i.test(t) ? Number(t) : NaN;
+}
+const close = (got, want) => Number.isFinite(got) && Math.abs(got - want) <= 0.005 * Math.max(1, Math.abs(want));
 
 // ------------------------------------------------------------------------------------------------ words
-const UI = {
-  en: { step: "step", of: "of", show: "Show answer", hide: "Hide answer", lab: "Download lab.py (NumPy only)",
-    token: "token", num: "numerator", den: "denominator", out: "output", exact: "exact", chunk: "chunk size",
-    read: "read from the carried state", own: "own chunk (masked)", handed: "state handed on" },
-  zh: { step: "第", of: "/", show: "显示答案", hide: "隐藏答案", lab: "下载 lab.py（只需 NumPy）",
-    token: "词元", num: "分子", den: "分母", out: "输出", exact: "精确值", chunk: "块大小",
-    read: "从携带的状态读出", own: "块内部分（带掩码）", handed: "传给下一块的状态" },
-};
 const T = (en, zh) => ({ en, zh });
 let LANG = "en";
 const tr = (x) => (typeof x === "string" ? x : x[LANG]);
-const ui = (key) => UI[LANG][key];
+const UI = {
+  show: T("Show worked solution", "展开参考解答"), check: T("Check", "检查"), right: T("Correct.", "正确。"),
+  wrong: T("Not yet: compare with the worked solution.", "还不对：对照参考解答再算一遍。"), blank: T("Enter a number (a fraction such as 17/6 works).", "请输入一个数（也可以写分数，如 17/6）。"),
+  lab: T("Download lab.py (NumPy only)", "下载 lab.py（只需 NumPy）"), token: T("token", "词元"), num: T("numerator", "分子"),
+  den: T("denominator", "分母"), out: T("output", "输出"), exact: T("exact", "精确值"), chunk: T("chunk size", "块大小"),
+  read: T("read from the carried state", "从携带的状态读出"), own: T("own chunk (masked)", "块内部分（带掩码）"),
+  handed: T("state handed on", "传给下一块的状态"), source: T("source: ", "来源："), prev: T("previous step", "上一步"),
+  next: T("next step", "下一步"), timeline: T("timeline", "时间轴"), state: T("state", "状态"), write: T("write", "写入"),
+};
+const ui = (key) => tr(UI[key]);
+// Replace an element's children, skipping the null / false that optional parts leave.
+function put(el, ...kids) { el.replaceChildren(...kids.flat().filter((k) => k !== null && k !== undefined && k !== false)); return el; }

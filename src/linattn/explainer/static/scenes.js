@@ -1,399 +1,758 @@
 // ------------------------------------------------------------------------------------------------ scenes
+// A scene: id, title, text (one entry per step) and build(root) -> update(step within the scene), called on entry.
 const SCENES = [];
 const scene = (def) => SCENES.push(def);
+const C = COLORS;
 
-scene({ id: "intro", title: T("Linear attention, step by step", "线性注意力，一步一步"),
-  text: [T("Softmax attention keeps every past key and value and rereads all of them for each new token. Linear attention folds the history into a fixed-size state S (and a normalizer z) as the tokens arrive, and reads it back with one query. Step through with → and ←, drag the timeline, or open a link such as #step=12. Every number in the scripted scenes was computed in float64 by linattn's reference when this page was built.",
-    "Softmax 注意力保存所有过去的键和值，每来一个新词元都要把它们全部重读一遍。线性注意力在词元到来时把历史折叠进一个固定大小的状态 S（以及归一化向量 z），再用一个查询把它读出来。用 → 和 ← 翻页，拖动时间轴，或打开 #step=12 这样的链接。脚本场景里的每个数字都是构建本页时由 linattn 的 float64 参考实现算出的。")],
+scene({ id: "intro", title: T("Linear attention: writing the history into a state", "线性注意力：把历史写进状态"),
+  text: [T("Instead of rereading every cached key and value for each new token, can a model keep a running notebook that any query can consult at once? Step with → and ←, drag the timeline, or open a link such as #step=12. Every number in the scripted scenes was computed in float64 by linattn's reference when this page was built.",
+    "能不能不再为每个新词元把缓存的键和值逐条重读，而是维护一本随时可查的“笔记本”？用 → 和 ← 翻页，拖动时间轴，或打开 #step=12 这样的链接。脚本场景中的每个数字都是构建本页时由 linattn 的 float64 参考实现算出的。")],
   build(root) {
-    const svg = s("svg", { width: 560, height: 120, role: "img" });
-    ["k₁v₁", "k₂v₂", "k₃v₃", "…"].forEach((t, i) => {
-      svg.append(s("rect", { x: 10 + 62 * i, y: 40, width: 54, height: 36, rx: 6, fill: "#e7f0fa", stroke: "#1f6fb2" }), s("text", { x: 37 + 62 * i, y: 63, "text-anchor": "middle" }, t));
+    const svg = s("svg", { viewBox: "0 0 720 230", class: "diagram", role: "img" });
+    const toks = [0, 1, 2].map((i) => {
+      const x = 20 + 95 * i;
+      svg.append(s("rect", { x, y: 70, width: 80, height: 70, rx: 8, class: "card" }),
+        s("text", { x: x + 40, y: 98, "text-anchor": "middle", class: "sym-k" }, "k" + "₁₂₃"[i]), s("text", { x: x + 40, y: 124, "text-anchor": "middle", class: "sym-v" }, "v" + "₁₂₃"[i]));
+      return [x + 40, 105];
     });
-    svg.append(s("path", { d: "M262 58 L330 58", stroke: "#1d232b", "stroke-width": 2 }), s("text", { x: 296, y: 50, "text-anchor": "middle" }, "write"));
-    svg.append(s("rect", { x: 335, y: 22, width: 90, height: 72, rx: 8, fill: "#ffd98a", stroke: "#c2571a" }), s("text", { x: 380, y: 55, "text-anchor": "middle" }, "S (r × dv)"), s("text", { x: 380, y: 75, "text-anchor": "middle" }, "z (r)"));
-    svg.append(s("path", { d: "M428 58 L490 58", stroke: "#1d232b", "stroke-width": 2 }), s("text", { x: 460, y: 50, "text-anchor": "middle" }, "read q"), s("text", { x: 520, y: 63, "text-anchor": "middle" }, "y"));
+    svg.append(s("rect", { x: 380, y: 40, width: 150, height: 80, rx: 10, class: "state-S" }), s("text", { x: 455, y: 86, "text-anchor": "middle", class: "big-svg sym-S" }, "S"),
+      s("rect", { x: 380, y: 130, width: 150, height: 50, rx: 10, class: "state-z" }), s("text", { x: 455, y: 162, "text-anchor": "middle", class: "big-svg sym-z" }, "z"),
+      s("text", { x: 330, y: 30, "text-anchor": "middle" }, tr(T("write", "写入"))), s("text", { x: 610, y: 30, "text-anchor": "middle" }, tr(T("read", "读取"))),
+      s("circle", { cx: 610, cy: 110, r: 26, class: "card" }), s("text", { x: 610, y: 116, "text-anchor": "middle", class: "big-svg sym-q" }, "q"),
+      s("path", { d: "M584 110 L534 110", stroke: C.q, "stroke-width": 3, "marker-end": "" }), s("text", { x: 675, y: 116, "text-anchor": "middle", class: "big-svg" }, "→ y"));
     const lab = h("a", { id: "lab-download", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"));
-    root.append(svg, h("p", {}, lab, h("span", { class: "muted" }, "  python3 lab.py --seed 7")));
-    return () => {};
+    root.append(svg, h("p", {}, lab));
+    return () => toks.forEach((p, i) => { flow(svg, p, [455, 80], C.S, 200 + 250 * i); flow(svg, p, [455, 155], C.z, 300 + 250 * i); });
   } });
 
-scene({ id: "softmax", title: T("Softmax attention rereads the whole history", "Softmax 注意力每次重读整个历史"),
-  text: [T("A new query q scores every cached key: weight_i = exp(q·k_i/√d) / Σ_j exp(q·k_j/√d). The bars are those weights for five cached 2-d keys.",
-      "新的查询 q 给缓存中的每个键打分：weight_i = exp(q·k_i/√d) / Σ_j exp(q·k_j/√d)。条形表示五个缓存的二维键的权重。"),
-    T("Change the query and every weight changes: nothing can be summed in advance, because the query sits inside the exponential of every term.",
-      "换一个查询，所有权重都会变：因为查询在每一项的指数里，没有任何东西能提前求和。"),
-    T("So each decode step reads all n cached keys and values: memory and work grow with the history (blue), while a fixed state stays flat (orange).",
-      "所以每个解码步都要读取全部 n 个缓存的键和值：内存和计算随历史增长（蓝色），而固定状态保持不变（橙色）。")],
+scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通注意力在读什么"),
+  text: [T("The current query q scores every cached key, softmax turns the scores into weights, and the values are summed with those weights: y = Σᵢ softmax(q·kᵢ/√d)ᵢ vᵢ. Every past position gets a weight.",
+      "当前查询 q 给每个缓存的键打分，softmax 把分数变成权重，再用这些权重把值加起来：y = Σᵢ softmax(q·kᵢ/√d)ᵢ vᵢ。每个历史位置都有一个权重。"),
+    T("A new query changes every score, because q sits inside the exponential of every term: nothing can be summed ahead of time, so the keys and values are read again. Turn the query.",
+      "换一个查询，所有分数都会变，因为 q 在每一项的指数里：没有任何东西能提前求和，所以键和值要重新读一遍。转动查询试试。"),
+    T("So each decode step reads all n cached pairs: the numbers kept and read grow with the history (one head, d = 128). Linear attention changes the similarity so that the history can be merged into a fixed-size state first and queried afterwards.",
+      "于是每个解码步都读取全部 n 对缓存：保存和读取的数随历史增长（一个头，d = 128）。线性注意力换一种相似度，让历史先合并成固定大小的状态，再由查询读取。")],
   build(root) {
-    const d = DATA.softmax, view = h("div", { class: "row" });
+    const d = DATA.softmax, view = h("div", {});
     root.append(view);
+    const bars = (q, w, y) => h("div", { class: "row" }, box("q = " + vec(q.map((x) => Number(x.toFixed(2)))), ...w.map((x, i) => barRow("k" + (i + 1) + " " + vec(d.keys[i]), x, 1, C.k))),
+      box(ui("out"), h("div", { class: "big" }, "y = Σ wᵢvᵢ = " + fmt(y, 4)), h("div", { class: "muted" }, fx("v = " + vec(d.values)))));
     return (sub) => {
-      view.replaceChildren();
-      if (sub === 0) {
-        const qd = d.queries[0], max = Math.max(...qd.weights);
-        view.append(box("q = " + vec(qd.q), ...qd.weights.map((w, i) => barRow("k" + (i + 1) + " " + vec(d.keys[i]), w, max))),
-          box(ui("out"), h("div", { class: "big" }, "y = Σ wᵢ vᵢ = " + fmt(qd.y, 4)), h("div", { class: "muted" }, "v = " + vec(d.values))));
-      } else if (sub === 1) {
-        // Turn the query: every weight changes (computed here, in the page, from the same keys).
-        const angle = h("input", { type: "range", id: "softmax-angle", min: 0, max: 360, step: 5, value: 90 });
-        const bars = h("div", {});
+      put(view, );
+      if (sub === 0) { const qd = d.queries[0]; view.append(bars(qd.q, qd.weights, qd.y)); }
+      else if (sub === 1) {
+        const angle = h("input", { type: "range", id: "softmax-angle", min: 0, max: 360, step: 5, value: 90 }), out = h("div", {});
         const draw = () => {
           const th = Number(angle.value) * Math.PI / 180, q = [1.5 * Math.cos(th), 1.5 * Math.sin(th)];
           const logits = d.keys.map((k) => (q[0] * k[0] + q[1] * k[1]) / Math.SQRT2), top = Math.max(...logits);
           const e = logits.map((l) => Math.exp(l - top)), sum = e.reduce((a, b) => a + b, 0), w = e.map((x) => x / sum);
-          bars.replaceChildren(box("q = " + vec(q.map((x) => Number(x.toFixed(2)))), ...w.map((x, i) => barRow("k" + (i + 1) + " " + vec(d.keys[i]), x, 1))),
-            box(ui("out"), h("div", { class: "big" }, "y = " + fmt(w.reduce((a, x, i) => a + x * d.values[i], 0), 4))));
+          put(out, bars(q, w, w.reduce((a, x, i) => a + x * d.values[i], 0)));
         };
         angle.addEventListener("input", draw);
-        view.append(h("label", {}, "q ∠ ", angle), bars);
+        view.append(h("label", { class: "control" }, fx("q ∠ "), angle), out);
         draw();
       } else {
-        const pts = d.cost.map((c) => [c.n, c.kv_floats]), flat = d.cost.map((c) => [c.n, c.state_floats]);
-        view.append(lineChart([{ points: pts, color: "#1f6fb2", label: tr(T("KV cache: 2·n·d", "KV 缓存：2·n·d")) }, { points: flat, color: "#c2571a", label: tr(T("state: r·dv + r", "状态：r·dv + r")) }],
-          { xlabel: tr(T("n (history)", "n（历史长度）")), ylabel: tr(T("numbers kept / read per step", "每步保存 / 读取的数")) }));
+        const ticks = [0, 64, 128, 192, 256];
+        view.append(lineChart([{ points: d.cost.map((c) => [c.n, c.kv_floats]), color: C.k, label: tr(T("KV cache: 2·n·d", "KV 缓存：2·n·d")) },
+          { points: d.cost.map((c) => [c.n, c.state_floats]), color: C.S, label: tr(T("state: d·d + d, whatever n", "状态：d·d + d，与 n 无关")) }],
+        { xlabel: tr(T("n (tokens in the history)", "n（历史词元数）")), ylabel: tr(T("numbers read per step", "每步读取的数")), xticks: ticks, yticks: [0, d.cost[d.cost.length - 1].kv_floats / 2, d.cost[d.cost.length - 1].kv_floats] }));
       }
     };
   } });
 
-scene({ id: "rewrite", title: T("The rewrite: a feature map, then pull the query out", "改写：特征映射，然后把查询提出求和号"),
-  text: [T("Replace exp(q·k) by φ(q)ᵀφ(k) with a nonnegative feature map φ, such as elu(x)+1 or relu(x)+1 (plotted). Nonnegative features keep every weight ≥ 0 and the denominator positive.",
-      "把 exp(q·k) 换成 φ(q)ᵀφ(k)，φ 是非负的特征映射，例如 elu(x)+1 或 relu(x)+1（见图）。非负特征保证每个权重 ≥ 0，分母为正。"),
-    T("Now φ(q) does not depend on i and leaves both sums: y = φ(q)ᵀ[Σ φ(kᵢ)vᵢᵀ] / φ(q)ᵀ[Σ φ(kᵢ)]. The reordering is exact for this kernelized attention, but it is a different model from softmax: for the same q and keys the weights differ (elu+1 kernel vs softmax below).",
-      "现在 φ(q) 与 i 无关，可以提到两个求和号外面：y = φ(q)ᵀ[Σ φ(kᵢ)vᵢᵀ] / φ(q)ᵀ[Σ φ(kᵢ)]。对这种核化注意力，重排是精确的；但它和 softmax 是不同的模型：同样的 q 和键，权重并不相同（下面是 elu+1 核与 softmax 的对比）。")],
+scene({ id: "rewrite", title: T("The key rewrite: let the sums happen first", "关键改写：让求和先发生"),
+  text: [T("Use φ(q)ᵀφ(k) as the similarity and normalize by the sum of the weights. Pick a nonnegative feature map φ, such as ELU(x) + 1 (plotted with relu(x) + 1): the weights are never negative, so they form a weighted average.",
+      "用 φ(q)ᵀφ(k) 作相似度，再除以权重之和。选一个非负的特征映射 φ，例如 ELU(x) + 1（图中与 relu(x) + 1 对照）：权重不会为负，于是构成加权平均。"),
+    T("Numerator: Σᵢ [φ(q)ᵀφ(kᵢ)] vᵢᵀ = φ(q)ᵀ [Σᵢ φ(kᵢ)vᵢᵀ]. The query does not depend on i, so it comes out of the sum: what is left, S, can be kept.",
+      "分子：Σᵢ [φ(q)ᵀφ(kᵢ)] vᵢᵀ = φ(q)ᵀ [Σᵢ φ(kᵢ)vᵢᵀ]。查询与 i 无关，可以提到求和号外面：剩下的 S 可以保存起来。"),
+    T("Denominator likewise: Σᵢ φ(q)ᵀφ(kᵢ) = φ(q)ᵀ [Σᵢ φ(kᵢ)] = φ(q)ᵀz. The history needs only S and z.",
+      "分母同理：Σᵢ φ(q)ᵀφ(kᵢ) = φ(q)ᵀ [Σᵢ φ(kᵢ)] = φ(q)ᵀz。历史只需要维护 S 和 z。"),
+    T("This reordering is exact for the kernelized attention it starts from. But a finite feature map is not softmax: for the same query and keys the weights differ (below, ELU+1 against softmax). It is a different model, trained as such.",
+      "对出发时的核化注意力，这个重排是精确的。但有限维的特征映射不是 softmax：同样的查询和键，权重并不相同（下图：ELU+1 对 softmax）。这是另一个模型，要按它自己来训练。")],
   build(root) {
     const d = DATA.rewrite, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
-      if (sub === 0) {
-        view.append(h("div", { class: "formula" }, "y = Σᵢ φ(q)ᵀφ(kᵢ) vᵢ / Σᵢ φ(q)ᵀφ(kᵢ)"),
-          lineChart([{ points: d.x.map((x, i) => [x, d.elu1[i]]), color: "#1f6fb2", label: "elu(x)+1" },
-            { points: d.x.map((x, i) => [x, d.relu1[i]]), color: "#c2571a", label: "relu(x)+1", dash: "6 4" }], { xlabel: "x", ylabel: "φ(x)" }));
+      put(view, );
+      if (sub === 0) view.append(formula("y = Σᵢ φ(q)ᵀφ(kᵢ) vᵢ / Σᵢ φ(q)ᵀφ(kᵢ)"), lineChart([{ points: d.x.map((x, i) => [x, d.elu1[i]]), color: C.k, label: "ELU(x) + 1" },
+        { points: d.x.map((x, i) => [x, d.relu1[i]]), color: C.other, label: "relu(x) + 1", dash: "7 5" }], { xlabel: "x", ylabel: "φ(x)", xticks: [-3, 0, 3], yticks: [0, 1, 2, 4] }));
+      else if (sub === 1 || sub === 2) {
+        const f = formula("Σᵢ [φ(q)ᵀφ(kᵢ)] vᵢᵀ  =  φ(q)ᵀ [ Σᵢ φ(kᵢ)vᵢᵀ ]  =  φ(q)ᵀ S", sub === 2 ? "Σᵢ φ(q)ᵀφ(kᵢ)  =  φ(q)ᵀ [ Σᵢ φ(kᵢ) ]  =  φ(q)ᵀ z" : "", sub === 2 ? "y = φ(q)ᵀS / φ(q)ᵀz" : "");
+        view.append(f);
+        const qs = f.querySelectorAll(".sym-q");
+        qs.forEach((el, i) => anim(el, [{ transform: "translateX(60px)", opacity: 0.3 }, { transform: "none", opacity: 1 }], { duration: 600, delay: 60 * i }));
       } else {
         const max = Math.max(...d.kernel_weights, ...d.softmax_weights);
-        view.append(h("div", { class: "formula" }, "y = φ(q)ᵀ S / φ(q)ᵀ z,   S = Σᵢ φ(kᵢ) vᵢᵀ,   z = Σᵢ φ(kᵢ)"),
-          h("div", { class: "row" }, box("elu+1 kernel", ...d.kernel_weights.map((w, i) => barRow("k" + (i + 1), w, max))),
-            box("softmax", ...d.softmax_weights.map((w, i) => barRow("k" + (i + 1), w, max, "warm")))));
+        view.append(h("div", { class: "row" }, box(tr(T("ELU+1 kernel weights", "ELU+1 核的权重")), ...d.kernel_weights.map((w, i) => barRow("k" + (i + 1), w, max, C.k))),
+          box(tr(T("softmax weights", "softmax 权重")), ...d.softmax_weights.map((w, i) => barRow("k" + (i + 1), w, max, C.other)))));
       }
     };
   } });
 
-scene({ id: "matrix", title: T("The state is a matrix", "状态是一个矩阵"),
-  text: [T("With 2-d keys and 2-d values each token contributes an outer product φ(k)vᵀ: a 2×2 matrix, one row per feature, one column per value channel.",
-      "键和值都是二维时，每个词元贡献一个外积 φ(k)vᵀ：2×2 矩阵，每个特征一行，每个值通道一列。"),
-    T("S is the sum of those outer products and z the sum of the features. One query reads both: numerator φ(q)ᵀS (a vector), denominator φ(q)ᵀz (a number).",
-      "S 是这些外积之和，z 是特征之和。一个查询同时读取二者：分子 φ(q)ᵀS（向量），分母 φ(q)ᵀz（一个数）。")],
+scene({ id: "dense", title: T("Which attention are we reordering?", "先确认我们在重排哪一种注意力"),
+  text: [T("Write Q̃ = φ(Q), K̃ = φ(K): rows of r features; V has dv columns; M is the causal mask (past and present only). The whole sequence at once: A = (Q̃K̃ᵀ) ⊙ M, a T × T matrix, and Y = AV / rowsum(A), the division broadcast row by row. Here the running example: three tokens, every query φ(q) = [2, 1].",
+      "记 Q̃ = φ(Q)、K̃ = φ(K)：每行 r 个特征；V 每行 dv 维；M 是因果掩码（只允许过去和当前）。整段一次算：A = (Q̃K̃ᵀ) ⊙ M，是 T × T 矩阵；Y = AV / rowsum(A)，除法按行广播。这里用贯穿的例子：三个词元，每个查询 φ(q) = [2, 1]。"),
+    T("Row t: numerator Σᵢ≤ₜ (q̃ₜᵀk̃ᵢ) vᵢᵀ. Pull q̃ₜ out of the sum and it becomes q̃ₜᵀSₜ; the denominator becomes q̃ₜᵀzₜ. Same kernelized attention before and after; a finite φ is still not exp(qᵀk/√d). The rows equal the token loop's outputs.",
+      "第 t 行：分子 Σᵢ≤ₜ (q̃ₜᵀk̃ᵢ) vᵢᵀ。把 q̃ₜ 提到求和外，就是 q̃ₜᵀSₜ；分母变成 q̃ₜᵀzₜ。重排前后是同一个核化注意力；有限维 φ 仍然不等于 exp(qᵀk/√d)。各行与逐词元循环的输出相同。")],
   build(root) {
-    const d = DATA.matrix, view = h("div", { class: "row" });
+    const d = DATA.dense, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
-      if (sub === 0) d.outers.forEach((o, t) => view.append(box("φ(k" + (t + 1) + ")=" + vec(d.keys[t]) + " · v" + (t + 1) + "ᵀ=" + vec(d.values[t]), grid(o))));
-      else view.append(box("S", grid(d.S)), box("z", grid([d.z])), box("φ(q) = " + vec(d.query),
-        h("div", {}, ui("num") + " φ(q)ᵀS = " + vec(d.num)), h("div", {}, ui("den") + " φ(q)ᵀz = " + fmt(d.den)),
-        h("div", { class: "big" }, "y = [17/6, 10/3] = " + vec(d.y))));
+      const A = d.A.map((row, i) => row.map((x, j) => (d.mask[i][j] ? x : "")));
+      const g = grid(A, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "k" });
+      g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c, n) => enter(c, 60 * n));
+      put(view, formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box("A", g),
+        box("AV", grid(d.AV.map((x) => [x]), { sym: "v" })), box("rowsum(A)", grid(d.rowsum.map((x) => [x]))),
+        box("Y", grid(d.Y.map((x) => [fmt(x, 4)]))), sub === 1 ? box(tr(T("token loop", "逐词元循环")), grid(d.loop_y.map((x) => [fmt(x, 4)]))) : null));
+      if (sub === 1) view.append(formula("yₜᵀ = q̃ₜᵀ Sₜ / q̃ₜᵀ zₜ"));
     };
   } });
 
-scene({ id: "tokens", title: T("One token at a time", "一次一个词元"),
-  text: [T("The running example: φ(k) = [1,0], [0,1], [1,1] with values 2, 4, 3. S (2×1) and z (2) start at zero.",
-      "贯穿全文的例子：φ(k) = [1,0]、[0,1]、[1,1]，值为 2、4、3。S（2×1）和 z（2）从零开始。"),
-    T("Token 1 writes φ(k)vᵀ = [2, 0] into S and φ(k) = [1, 0] into z. Highlighted cells changed.", "词元 1 把 φ(k)vᵀ = [2, 0] 写入 S，把 φ(k) = [1, 0] 写入 z。高亮的格子发生了变化。"),
-    T("Token 2 writes [0, 4] and [0, 1]. The old history is not kept anywhere else: only these four numbers.", "词元 2 写入 [0, 4] 和 [0, 1]。旧的历史不再另外保存：只剩这四个数。"),
-    T("Token 3, φ(k) = [1,1], touches every cell: S = [5, 7], z = [2, 2].", "词元 3 的 φ(k) = [1,1] 改动了每个格子：S = [5, 7]，z = [2, 2]。"),
-    T("The query φ(q) = [2, 1] reads: numerator 2·5 + 1·7 = 17, denominator 2·2 + 1·2 = 6, y = 17/6 — the same as weighting 2, 4, 3 by φ(q)ᵀφ(kᵢ) = 2, 1, 3.",
-      "查询 φ(q) = [2, 1] 读取：分子 2·5 + 1·7 = 17，分母 2·2 + 1·2 = 6，y = 17/6——与用 φ(q)ᵀφ(kᵢ) = 2、1、3 对 2、4、3 加权完全相同。")],
+scene({ id: "matrix", title: T("With 2-d values the state really is a matrix", "value 有两维时，状态真的是矩阵"),
+  text: [T("k̃₁ = [1, 0], v₁ = [2, 1]; k̃₂ = [0, 1], v₂ = [4, 3]. Each token writes an outer product k̃vᵀ: one row per feature, one column per value channel. S = k̃₁v₁ᵀ + k̃₂v₂ᵀ, z = k̃₁ + k̃₂.",
+      "k̃₁ = [1, 0]，v₁ = [2, 1]；k̃₂ = [0, 1]，v₂ = [4, 3]。每个词元写入一个外积 k̃vᵀ：每个特征一行，每个值通道一列。S = k̃₁v₁ᵀ + k̃₂v₂ᵀ，z = k̃₁ + k̃₂。"),
+    T("Read with q̃ = [2, 1]: q̃ᵀS is a vector, q̃ᵀz a number, y = q̃ᵀS / q̃ᵀz. Term by term it is the same: the similarities 2 and 1 normalize to weights 2/3 and 1/3, and y = 2/3·[2, 1] + 1/3·[4, 3].",
+      "用 q̃ = [2, 1] 读取：q̃ᵀS 是向量，q̃ᵀz 是一个数，y = q̃ᵀS / q̃ᵀz。逐项算也一样：相似度 2 和 1 归一化为权重 2/3 和 1/3，y = 2/3·[2, 1] + 1/3·[4, 3]。")],
+  build(root) {
+    const d = DATA.matrix, view = h("div", {});
+    root.append(view);
+    return (sub) => {
+      put(view, );
+      if (sub === 0) {
+        const parts = d.outers.map((o, t) => box("k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ", grid(o, { sym: "S" })));
+        parts.forEach((p, i) => enter(p, 250 * i));
+        const sum = box("S", grid(d.S, { sym: "S", rowHeads: ["φ₁", "φ₂"] })), zb = box("z", grid([d.z], { sym: "z" }));
+        enter(sum, 550); enter(zb, 650);
+        view.append(h("div", { class: "row" }, parts[0], h("span", { class: "op" }, "+"), parts[1], h("span", { class: "op" }, "="), sum, zb));
+      } else {
+        view.append(h("div", { class: "row" }, box("S", grid(d.S, { sym: "S" })), box("z", grid([d.z], { sym: "z" })),
+          box("q̃ = " + vec(d.query), h("div", {}, fx("q̃ᵀS = " + vec(d.num))), h("div", {}, fx("q̃ᵀz = " + fmt(d.den))),
+            h("div", { class: "big", id: "matrix-y" }, "y = [8/3, 5/3] ≈ " + vec(d.y, 4))),
+          box(tr(T("term by term", "逐项")), barRow(fx("q̃ᵀk̃₁ = " + fmt(d.scores[0])), d.weights[0], 1, C.k), barRow(fx("q̃ᵀk̃₂ = " + fmt(d.scores[1])), d.weights[1], 1, C.k),
+            h("div", { class: "muted" }, tr(T("weights ", "权重 ")) + "2/3, 1/3"))));
+      }
+    };
+  } });
+
+scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一个词元，更新两个累加器"),
+  text: [T("S keeps the associations between keys and values; z keeps the total key mass used to normalize. Both start at zero: S₀ = 0, z₀ = 0. Here φ(k) has 2 features and v one channel, so every number can be drawn.",
+      "S 保存键与值的关联，z 保存用于归一化的键的总量。二者从零开始：S₀ = 0，z₀ = 0。这里 φ(k) 有 2 维、v 为 1 维，每个数都能画出来。"),
+    T("Token 1: φ(k₁) = [1, 0], v₁ = 2. The outer product writes S = [2, 0] and z = [1, 0].", "词元 1：φ(k₁) = [1, 0]，v₁ = 2。外积写入后 S = [2, 0]，z = [1, 0]。"),
+    T("Token 2: φ(k₂) = [0, 1], v₂ = 4. Added on: S = [2, 4], z = [1, 1]. The old tokens are not kept anywhere else.", "词元 2：φ(k₂) = [0, 1]，v₂ = 4。累加后 S = [2, 4]，z = [1, 1]。旧词元不再另外保存。"),
+    T("Token 3: φ(k₃) = [1, 1], v₃ = 3 touches every cell: S = [5, 7], z = [2, 2].", "词元 3：φ(k₃) = [1, 1]，v₃ = 3，改动每个格子：S = [5, 7]，z = [2, 2]。"),
+    T("The state is written up to position t before it is read, so the output at t includes the current token.", "先把状态更新到位置 t 再读取，所以位置 t 的输出包含当前词元。")],
+  build(root) {
+    // Two layouts of one diagram: side by side on a wide screen, tokens above the state on a phone.
+    const d = DATA.tokens, narrow = root.clientWidth > 0 && root.clientWidth < 560;
+    const G = narrow ? { W: 380, H: 330, card: (i) => [8 + 124 * i, 8], cw: 116, S: [83, 150, 206], z: [243, 150, 206], head: 138, note: [8, 292] }
+      : { W: 720, H: 235, card: (i) => [20 + 120 * i, 40], cw: 104, S: [450, 50, 110], z: [590, 50, 110], head: 30, note: [20, 215] };
+    const svg = s("svg", { viewBox: "0 0 " + G.W + " " + G.H, class: "diagram" + (narrow ? " fit" : ""), role: "img", id: "tokens-svg" });
+    d.keys.forEach((k, i) => {
+      const [x, y] = G.card(i), m = x + G.cw / 2;
+      svg.append(s("rect", { x, y, width: G.cw, height: 84, rx: 8, class: "card", id: "tok-card-" + i }),
+        s("text", { x: m, y: y + 22, "text-anchor": "middle" }, tr(UI.token) + " " + (i + 1)),
+        s("text", { x: m, y: y + 46, "text-anchor": "middle", class: "sym-k" }, "φ(k)=" + vec(k)), s("text", { x: m, y: y + 70, "text-anchor": "middle", class: "sym-v" }, "v=" + fmt(d.values[i])));
+    });
+    const cells = {};
+    const cell = (key, x, y, label) => {
+      const r = s("rect", { x, y, width: 74, height: 46, rx: 6, class: "cellsvg cell-" + key[0] }), t = s("text", { x: x + 37, y: y + 30, "text-anchor": "middle", class: "num" }, "0");
+      svg.append(r, t, s("text", { x: x - 8, y: y + 30, "text-anchor": "end", class: "muted-svg" }, label));
+      cells[key] = { r, t, c: [x + 37, y + 23] };
+    };
+    svg.append(s("text", { x: G.S[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: G.z[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-z" }, "z"));
+    cell("S0", G.S[0], G.S[1], "φ₁"); cell("S1", G.S[0], G.S[2], "φ₂"); cell("z0", G.z[0], G.z[1], ""); cell("z1", G.z[0], G.z[2], "");
+    const arrows = s("g", {}), note = s("text", { x: G.note[0], y: G.note[1], class: "num" }, ""), note2 = s("text", { x: G.note[0], y: G.note[1] + 26, class: "num" }, "");
+    svg.append(arrows, note, note2);
+    root.append(svg);
+    return (sub) => {
+      const t = Math.min(sub, 3), S = t ? d.S[t - 1] : zeros(2, 1), z = t ? d.z[t - 1] : [0, 0];
+      const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0];
+      d.keys.forEach((_, i) => svg.getElementById("tok-card-" + i).setAttribute("class", "card" + (i === t - 1 && sub <= 3 ? " active" : "")));
+      [["S0", S[0][0], S0[0][0]], ["S1", S[1][0], S0[1][0]], ["z0", z[0], z0[0]], ["z1", z[1], z0[1]]].forEach(([key, x, before]) => {
+        cells[key].t.textContent = fmt(x);
+        if (sub >= 1 && sub <= 3 && x !== before) anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 600, delay: 550 });
+      });
+      const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
+      const write = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) : "";
+      note.textContent = write ? write + (narrow ? "" : "  →  " + now) : sub === 4 ? now : "S₀ = 0, z₀ = 0";
+      note2.textContent = write && narrow ? "→  " + now : "";
+      arrows.replaceChildren();
+      if (sub >= 1 && sub <= 3) {  // where this token writes: φ(k)vᵀ into S, φ(k) into z (drawn still, animated too)
+        const [x, y] = G.card(t - 1), m = x + G.cw / 2;
+        if (narrow) {
+          arrows.append(s("path", { d: `M${m} ${y + 84} C ${m} 120, ${G.S[0] + 37} 110, ${G.S[0] + 37} ${G.head - 24}`, stroke: C.S, "stroke-width": 2.5, fill: "none", opacity: 0.6 }),
+            s("path", { d: `M${m} ${y + 84} C ${m} 120, ${G.z[0] + 37} 110, ${G.z[0] + 37} ${G.head - 24}`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }));
+        } else {
+          d.keys[t - 1].forEach((kv, i) => { if (kv) {
+            const cy = cells["S" + i].c[1];
+            arrows.append(s("path", { d: `M${x + G.cw} ${y + 42} C ${x + 170} ${y + 42}, 400 ${cy}, 448 ${cy}`, stroke: C.S, "stroke-width": 2.5, fill: "none", opacity: 0.6 }));
+          } });
+          const zx = cells.z1.c[0];
+          arrows.append(s("path", { d: `M${m} ${y + 84} C ${m} 185, ${zx} 200, ${zx} 158`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }),
+            s("text", { x: 400, y: 44, "text-anchor": "middle", class: "sym-S" }, "φ(k)vᵀ"), s("text", { x: zx + 44, y: 185, class: "sym-z" }, "φ(k)"));
+        }
+        d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, [m, y + 60], cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, [m, y + 60], cells["z" + i].c, C.z, 100 + 60 * i); } });
+      }
+    };
+  } });
+
+scene({ id: "read", title: T("A query reads numerator and denominator together", "查询时，分子和分母一起读"),
+  text: [T("Keep the state just built: S = [5, 7], z = [2, 2]; the query is φ(q) = [2, 1]. The query does not fetch any old token: it multiplies the fixed-size S and z, twice.",
+      "沿用刚才的状态：S = [5, 7]，z = [2, 2]；当前 φ(q) = [2, 1]。查询不需要取回任何旧词元：只对固定大小的 S 和 z 做两次乘法。"),
+    T("Numerator = 2 × 5 + 1 × 7 = 17. Denominator = 2 × 2 + 1 × 2 = 6.", "分子 = 2 × 5 + 1 × 7 = 17。分母 = 2 × 2 + 1 × 2 = 6。"),
+    T("y = 17 / 6 ≈ 2.83. The denominator turns a total contribution into a weighted average, so the output does not grow just because the history got longer. Real implementations guard a denominator near zero, for instance with ε.",
+      "y = 17 / 6 ≈ 2.83。分母把“总贡献”变成“加权平均”，输出不会仅仅因为历史变长而变大。实际实现会防护接近 0 的分母，例如加上 ε。")],
   build(root) {
     const d = DATA.tokens, view = h("div", {});
     root.append(view);
     return (sub) => {
-      const t = Math.min(sub, 3);
-      const S = t ? d.S[t - 1] : zeros(2, 1), z = t ? d.z[t - 1] : [0, 0];
-      const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0];
-      const toks = d.keys.map((k, i) => h("span", { class: "token" + (i === t - 1 ? " active" : "") }, ui("token") + " " + (i + 1) + ": φ(k)=" + vec(k) + ", v=" + d.values[i]));
-      const row = h("div", { class: "row" }, box("S", grid(S, { before: sub <= 3 && t ? S0 : null, rowHeads: ["φ₁", "φ₂"] })), box("z", grid(z.map((x) => [x]), { before: sub <= 3 && t ? z0.map((x) => [x]) : null })));
-      if (sub >= 1 && sub <= 3) {
-        const k = d.keys[t - 1], v = d.values[t - 1];
-        row.append(box("+ φ(k" + t + ")v" + t + "ᵀ", grid(k.map((x) => [x * v]))), box("+ φ(k" + t + ")", grid(k.map((x) => [x]))));
-      }
-      if (sub === 4) row.append(box("φ(q) = " + vec(d.query), h("div", {}, ui("num") + " = " + fmt(d.num)), h("div", {}, ui("den") + " = " + fmt(d.den)),
-        h("div", { class: "big" }, "y = 17/6 ≈ " + fmt(d.y_final, 4))));
-      view.replaceChildren(h("div", {}, toks), row);
+      const S = d.S[2].map((r) => r[0]), z = d.z[2], q = d.query;
+      const prod = (a, b) => a.map((x, i) => fmt(x) + " × " + fmt(b[i])).join(" + ");
+      const numB = box(ui("num") + "  φ(q)ᵀS", h("div", { class: "big", id: "read-num" }, prod(q, S) + " = " + fmt(d.num)));
+      const denB = box(ui("den") + "  φ(q)ᵀz", h("div", { class: "big", id: "read-den" }, prod(q, z) + " = " + fmt(d.den)));
+      put(view, h("div", { class: "row" }, box("φ(q)", grid([q], { sym: "q" })), box("S", grid([S], { sym: "S" })), box("z", grid([z], { sym: "z" }))),
+        sub >= 1 ? h("div", { class: "row" }, numB, denB) : null,
+        sub === 2 ? h("div", { class: "big result", id: "read-y" }, "y = 17/6 ≈ " + fmt(d.y_final, 4)) : null);
+      if (sub === 1) { enter(numB, 0); enter(denB, 200); }
+      if (sub === 2) enter(view.querySelector("#read-y"), 0);
     };
   } });
 
-scene({ id: "whyz", title: T("Why z", "为什么需要 z"),
-  text: [T("Write one pair (φ(k) = [1,1], v = 3) m times and read with φ(q) = [2,1]. With z the output stays 3 whatever m: numerator and denominator both grow m-fold. Without z the output is m·(φ(q)ᵀφ(k))·v = 9m and grows with the history. Drag m.",
-    "把同一对 (φ(k) = [1,1], v = 3) 写入 m 次，再用 φ(q) = [2,1] 读取。有 z 时无论 m 多大输出都是 3：分子和分母同样增长 m 倍。没有 z 时输出为 m·(φ(q)ᵀφ(k))·v = 9m，随历史增长。拖动 m 试试。")],
+scene({ id: "whyz", title: T("Without z the output grows with repetition", "没有 z，输出会随重复次数增长"),
+  text: [T("Repeat one identical pair m times: every similarity is a > 0 and the value v. Numerator m·a·v, denominator m·a, so y = v whatever m. Keep only the numerator and the output is m·a·v: twice the history, twice the output. Here φ(k) = [1, 1], v = 3, φ(q) = [2, 1], so a = 3. Some modern linear models use other normalizations, gates or an output norm and no z: they are other, well-defined models; do not mix their formulas.",
+    "把同一对键值重复 m 次：每次相似度都是 a > 0，值为 v。分子 m·a·v，分母 m·a，所以无论 m 多大 y = v。只保留分子时输出是 m·a·v：历史翻倍，输出也翻倍。这里 φ(k) = [1, 1]，v = 3，φ(q) = [2, 1]，所以 a = 3。一些现代线性模型用别的归一化、门控或输出 norm，没有 z：它们是另外定义明确的模型，不要混用公式。")],
   build(root) {
     const d = DATA.whyz, out = h("div", {});
     const slider = h("input", { type: "range", id: "whyz-m", min: 1, max: d.rows.length, value: 3, oninput: () => draw() });
-    root.append(h("label", {}, "m = ", slider), out);
+    const label = h("output", { id: "whyz-m-value" }, "3");
+    root.append(h("label", { class: "control" }, "m = ", slider, " ", label), out);
     const draw = () => {
-      const m = Number(slider.value), max = d.rows[d.rows.length - 1].unnormalized;
-      const row = d.rows[m - 1];
-      out.replaceChildren(h("div", { class: "row" }, box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max), barRow(tr(T("without z", "无 z")), row.unnormalized, max, "warm"))));
+      const m = Number(slider.value), max = d.rows[d.rows.length - 1].unnormalized, row = d.rows[m - 1];
+      label.textContent = String(m);
+      put(out, box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max, C.z), barRow(tr(T("numerator only", "只有分子")), row.unnormalized, max, C.err)));
     };
     return draw;
   } });
 
-scene({ id: "eps", title: T("ε: add or clamp", "ε：相加还是截断"),
-  text: [T("Dividing by a denominator near zero needs a guard ε. linattn offers two: 'add' divides by den + ε, 'clamp' by max(den, ε). One token with feature d and value 3, read by q = 1: the exact answer is 3 for every d > 0. With ε = 1e-6, 'add' is already off at d = 1e-5, 'clamp' only once d < ε. They are different functions; pick one and use it in every form.",
-    "分母接近零时需要一个保护量 ε。linattn 提供两种：'add' 除以 den + ε，'clamp' 除以 max(den, ε)。一个词元，特征为 d、值为 3，用 q = 1 读取：对任何 d > 0 精确答案都是 3。取 ε = 1e-6 时，'add' 在 d = 1e-5 已经偏离，'clamp' 只在 d < ε 时才偏离。它们是不同的函数；选定一个，并在每种计算形式中一致使用。")],
+scene({ id: "eps", title: T("ε guards the division, and changes small denominators", "ε 是数值保护，也会改变很小分母的结果"),
+  text: [T("y = numerator / (denominator + ε). Take numerator 2×10⁻⁶ over denominator 10⁻⁶: the exact ratio is 2. With ε = 10⁻⁶ the result becomes 1; with ε = 10⁻⁸ it is about 1.9802. Nonnegative φ stops positive and negative weights from cancelling, but when every feature is near 0 the denominator can still be tiny. Watch the range of the denominators, the state's precision and NaNs rather than raising ε.",
+      "y = 分子 / (分母 + ε)。取分子 2×10⁻⁶、分母 10⁻⁶：精确比值为 2。ε = 10⁻⁶ 时结果变成 1；ε = 10⁻⁸ 时约为 1.9802。非负的 φ 防止正负权重相消，但所有特征都接近 0 时分母仍可能很小。与其盲目增大 ε，不如监测分母的范围、状态精度和 NaN。"),
+    T("Adding ε and clamping, max(denominator, ε), are different functions. One token with feature d and value 3, read by q = 1: the exact answer is 3 for every d > 0. The implementation, the training run and the reference must use the same definition. Pick another ε: the page's engine recomputes the table.",
+      "加上 ε 与截断 max(分母, ε) 是不同的函数。一个词元，特征为 d、值为 3，用 q = 1 读取：对任何 d > 0 精确答案都是 3。实现、训练和参考计算必须使用同一种定义。换一个 ε：页面的计算引擎会重算这张表。")],
   build(root) {
-    const d = DATA.eps, table = h("div", {});
-    // The scripted table (ε = 1e-6) comes from the reference; another ε is recomputed by the page's engine.
+    const d = DATA.eps, view = h("div", {});
+    root.append(view);
     const read = (den, eps, mode) => run({ rule: "accumulate", q: [1], k: [[den]], v: [[d.value]], eps, eps_mode: mode }).y[0][0];
-    const draw = (eps) => {
-      const rows = d.rows.map((r) => eps === d.eps ? r : { den: r.den, add: read(r.den, eps, "add"), clamp: read(r.den, eps, "clamp") });
-      table.replaceChildren(h("table", { class: "data", id: "eps-table" }, h("tr", {}, h("th", {}, "den = q·z"), h("th", {}, "add"), h("th", {}, "clamp"), h("th", {}, ui("exact"))),
-        rows.map((r) => h("tr", {}, h("td", {}, fmt(r.den)), h("td", {}, fmt(r.add, 6)), h("td", {}, fmt(r.clamp, 6)), h("td", {}, fmt(d.value))))));
+    return (sub) => {
+      put(view, );
+      if (sub === 0) {
+        const c = d.case, max = 2;
+        view.append(formula("y = " + tr(T("numerator", "分子")) + " / (" + tr(T("denominator", "分母")) + " + ε)"),
+          box(ui("num") + " = " + fmt(c.num) + ", " + ui("den") + " = " + fmt(c.den) + ", " + ui("exact") + " = 2",
+            ...c.reads.map((r) => barRow("ε = " + fmt(r.eps) + " " + r.mode, r.y, max, r.mode === "add" ? C.err : C.other, "eps-" + r.mode + "-" + r.eps)),
+            h("div", { class: "big", id: "eps-case" }, "ε = 1e-6: " + fmt(c.reads[0].y, 5) + "; ε = 1e-8: " + fmt(c.reads[2].y, 5))));
+      } else {
+        const tbl = h("div", {});
+        const draw = (eps) => {
+          const rows = d.rows.map((r) => (eps === d.eps ? r : { den: r.den, add: read(r.den, eps, "add"), clamp: read(r.den, eps, "clamp") }));
+          put(tbl, table(["d = q·z", "add: d + ε", "clamp: max(d, ε)", ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
+        };
+        const choice = h("select", { id: "eps-choice", onchange: (e) => draw(Number(e.target.value)) }, [1e-3, d.eps, 1e-9, 1e-12].map((x) => h("option", { value: x, selected: x === d.eps }, fmt(x))));
+        view.append(h("label", { class: "control" }, "ε = ", choice), tbl);
+        draw(d.eps);
+      }
     };
-    const choice = h("select", { id: "eps-choice", onchange: (e) => draw(Number(e.target.value)) },
-      [1e-3, d.eps, 1e-9, 1e-12].map((x) => h("option", { value: x, selected: x === d.eps }, fmt(x))));
-    root.append(h("label", { class: "formula" }, "ε = ", choice), table);
-    draw(d.eps);
-    return () => {};
   } });
 
-scene({ id: "memory", title: T("Dimensions and memory", "维度与内存"),
-  text: [T("The state costs B·L·H·(r·dv + r)·b bytes whatever the history length; a KV cache costs B·L·H_kv·2·T·d·b and grows with T. Edit the fields: the page uses the same formulas as linattn.memory.",
-      "状态占用 B·L·H·(r·dv + r)·b 字节，与历史长度无关；KV 缓存占用 B·L·H_kv·2·T·d·b，随 T 增长。可以修改下面的数值：页面使用与 linattn.memory 相同的公式。"),
-    T("Per head, the crossover is the smallest T whose KV cache holds at least the state's bytes. A fixed state can be larger than a short cache; a storage crossover is not a speed crossover.",
-      "按每个头计算，交叉点是 KV 缓存字节数不少于状态字节数的最小 T。固定状态可能比短缓存更大；存储上的交叉点不等于速度上的交叉点。")],
+scene({ id: "shapes", title: T("Every dimension in the formula", "公式里的每个维度"),
+  text: [T("Sₜ = Sₜ₋₁ + φ(kₜ)vₜᵀ,  zₜ = zₜ₋₁ + φ(kₜ),  yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ. φ(k) has dφ entries and v has dv: S is a dφ × dv matrix, z a vector of dφ.",
+      "Sₜ = Sₜ₋₁ + φ(kₜ)vₜᵀ，zₜ = zₜ₋₁ + φ(kₜ)，yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ。φ(k) 有 dφ 维，v 有 dv 维：S 是 dφ × dv 矩阵，z 是 dφ 维向量。"),
+    T("Why \"linear\": with these sizes fixed, each token's update and read cost the same however long the history is, so the total work grows linearly with the number of tokens (softmax attention's grows with its square).",
+      "为什么叫“线性”：固定这些维度后，每个词元的更新与读取的工作量不随历史长度变化，总工作量随词元数线性增长（softmax 注意力随其平方增长）。")],
+  build(root) {
+    const view = h("div", {});
+    root.append(view);
+    return (sub) => {
+      const svg = s("svg", { viewBox: "0 0 720 220", class: "diagram", role: "img" });
+      svg.append(s("rect", { x: 20, y: 40, width: 30, height: 120, class: "state-k" }), s("text", { x: 35, y: 180, "text-anchor": "middle", class: "sym-k" }, "φ(k)"), s("text", { x: 35, y: 30, "text-anchor": "middle" }, "dφ"),
+        s("text", { x: 70, y: 105 }, "×"), s("rect", { x: 90, y: 85, width: 100, height: 30, class: "state-v" }), s("text", { x: 140, y: 135, "text-anchor": "middle", class: "sym-v" }, "vᵀ"), s("text", { x: 140, y: 78, "text-anchor": "middle" }, "dv"),
+        s("text", { x: 215, y: 105 }, "→"), s("rect", { x: 245, y: 40, width: 100, height: 120, class: "state-S" }), s("text", { x: 295, y: 108, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: 295, y: 180, "text-anchor": "middle" }, "dφ × dv"),
+        s("rect", { x: 375, y: 40, width: 30, height: 120, class: "state-z" }), s("text", { x: 390, y: 180, "text-anchor": "middle", class: "sym-z" }, "z: dφ"));
+      if (sub === 1) {
+        [0, 1, 2, 3, 4, 5].forEach((i) => {
+          const r = s("rect", { x: 440 + 44 * i, y: 70, width: 36, height: 60, rx: 4, class: "card" });
+          svg.append(r, s("text", { x: 458 + 44 * i, y: 105, "text-anchor": "middle" }, "t" + (i + 1)));
+          anim(r, [{ opacity: 0 }, { opacity: 1 }], { duration: 300, delay: 80 * i });
+        });
+        svg.append(s("text", { x: 560, y: 160, "text-anchor": "middle" }, tr(T("same cost per token → total ∝ T", "每个词元成本相同 → 总量 ∝ T"))));
+      }
+      put(view, formula("Sₜ = Sₜ₋₁ + φ(kₜ) vₜᵀ", "zₜ = zₜ₋₁ + φ(kₜ)", "yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ"), svg);
+    };
+  } });
+
+scene({ id: "memory", title: T("A fixed-size state need not be small", "固定大小的状态也可能不小"),
+  text: [T("B requests, L layers, H state heads; each head keeps S of r × dv and z of r: M_state = B × L × H × (r·dv + r) × b bytes. One request, 32 layers, 16 heads, r = dv = 128, a float32 state: 512 × (16384 + 128) × 4 = 33,816,576 bytes = 32.25 MiB, whatever the history length. A short convolution's state, cached gates or full-attention layers add on top. Edit the fields: the page uses linattn.memory's formulas.",
+      "B 个请求、L 层、H 个状态头；每个头保存 r × dv 的 S 和 r 维的 z：M_state = B × L × H × (r·dv + r) × b 字节。单请求、32 层、16 个头、r = dv = 128、float32 状态：512 × (16384 + 128) × 4 = 33,816,576 字节 = 32.25 MiB，与历史长度无关。短卷积的状态、门控缓存或 full-attention 层要另外加上。可以修改下面的数值：页面使用与 linattn.memory 相同的公式。")],
   build(root) {
     const d = DATA.memory, inp = Object.assign({}, d.inputs), out = h("div", {});
-    const field = (key) => h("label", {}, key + " ", h("input", { type: "number", min: 1, value: inp[key], id: "mem-" + key, oninput: (e) => { inp[key] = Math.max(1, Math.floor(Number(e.target.value)) || 1); draw(); } }));
-    const dsel = (key) => h("label", {}, key + " ", h("select", { id: "mem-" + key, onchange: (e) => { inp[key] = e.target.value; draw(); } },
+    const field = (key) => h("label", { class: "control" }, key + " ", h("input", { type: "number", min: 1, step: 1, value: inp[key], id: "mem-" + key, oninput: (e) => {
+      const x = Math.floor(Number(e.target.value));
+      e.target.classList.toggle("bad", !(x >= 1));  // an empty or zero field computes nothing
+      if (x >= 1) { inp[key] = x; draw(); }
+    } }));
+    const dsel = (key) => h("label", { class: "control" }, key + " ", h("select", { id: "mem-" + key, onchange: (e) => { inp[key] = e.target.value; draw(); } },
       Object.keys(d.dtype_bytes).map((n) => h("option", { value: n, selected: n === inp[key] }, n))));
-    root.append(h("div", {}, ["B", "L", "H", "r", "dv"].map(field), dsel("state_dtype")), h("div", {}, ["kv_heads", "head_dim"].map(field), dsel("kv_dtype")), out);
-    let sub = 0;
+    root.append(h("div", { class: "controls" }, ["B", "L", "H", "r", "dv"].map(field), dsel("state_dtype")), h("div", { class: "controls" }, ["kv_heads", "head_dim"].map(field), dsel("kv_dtype")), out);
     const draw = () => {
       // BigInt: exact integers past 2^53, like linattn.memory's Python ints.
       const N = (key) => BigInt(inp[key]), b = BigInt(d.dtype_bytes[inp.state_dtype]), kb = BigInt(d.dtype_bytes[inp.kv_dtype]);
-      const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb;
-      const total = N("B") * N("L") * N("H") * perHead;
-      const cross = (perHead + kvTok - 1n) / kvTok;
-      const res = h("div", { class: "row" }, box(tr(T("state", "状态")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes")),
-        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B, KV " + bytes(kvTok) + tr(T(" B/token", " B/词元"))), h("div", { class: "big", id: "mem-cross" }, "T = " + bytes(cross))));
-      out.replaceChildren(res);
-      if (sub === 1) {
-        const c = Number(cross), kv = Number(kvTok), st = Number(perHead), Ts = [0, 1, 2, 3, 4].map((i) => Math.round(c * i / 2));
-        out.append(lineChart([{ points: Ts.map((t) => [t, t * kv]), color: "#1f6fb2", label: tr(T("KV cache", "KV 缓存")) }, { points: Ts.map((t) => [t, st]), color: "#c2571a", label: tr(T("state", "状态")) }],
-          { xlabel: "T", ylabel: tr(T("bytes per head", "每个头的字节数")), marks: [c] }));
-      }
+      const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb, total = N("B") * N("L") * N("H") * perHead;
+      const mib = Number(total) / 1048576;
+      put(out, h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes"), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
+        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B"), h("div", {}, "KV " + bytes(kvTok) + tr(T(" B per token", " B/词元"))),
+          h("div", { class: "big", id: "mem-cross" }, "T = " + bytes((perHead + kvTok - 1n) / kvTok)))));
     };
-    return (n) => { sub = n; draw(); };
+    draw();
+    return () => enter(out, 0);
   } });
 
-scene({ id: "gates", title: T("Gates: forgetting", "门控：遗忘"),
-  text: [T("A gate 0 ≤ α ≤ 1 scales the old state before each write: S = αS + φ(k)vᵀ, z = αz + φ(k). Features 1, values 2, 4, 8, α = 0.5.",
-      "门控 0 ≤ α ≤ 1 在每次写入前缩放旧状态：S = αS + φ(k)vᵀ，z = αz + φ(k)。特征为 1，值为 2、4、8，α = 0.5。"),
-    T("Token i's weight at time t is the product of the gates that came after it: αᵢ₊₁⋯αₜ. Old tokens fade geometrically.",
-      "词元 i 在时刻 t 的权重是它之后所有门控的乘积：αᵢ₊₁⋯αₜ。旧词元按几何级数淡出。"),
-    T("Each step is an affine map S ↦ aS + B. Two compose as (a₂,B₂)∘(a₁,B₁) = (a₂a₁, a₂B₁+B₂): associative, so a tree combines all prefixes in log depth (not commutative: order matters). Four tokens, α = 0.5, writes 2, 4, 8, 16:",
-      "每一步都是仿射映射 S ↦ aS + B。两步的复合为 (a₂,B₂)∘(a₁,B₁) = (a₂a₁, a₂B₁+B₂)：满足结合律，所以可以用一棵树在对数深度内合并所有前缀（不满足交换律：顺序重要）。四个词元，α = 0.5，写入 2、4、8、16：")],
+scene({ id: "crossover", title: T("For short sequences the state is not smaller", "短序列时，线性状态未必更省"),
+  text: [T("One head against one head: a bfloat16 KV cache with 128-wide K and V, a float32 state with r = dv = 128. KV bytes = 2 × T × 128 × 2 = 512T; state bytes = (128×128 + 128) × 4 = 66,048. They are equal at T = 66,048 / 512 = 129.",
+      "按同一个头比较：bfloat16 的 KV 缓存，K、V 各 128 维；float32 的线性状态，r = dv = 128。KV 字节 = 2 × T × 128 × 2 = 512T；状态字节 = (128×128 + 128) × 4 = 66,048。二者相等于 T = 66,048 / 512 = 129。"),
+    T("At T = 32 the KV cache is only 16 KiB while the state is about 64.5 KiB; at T = 8192 the cache is 4 MiB and the fixed state's advantage is plain. This is a storage crossover, not a speed crossover: feature maps, projections, state reads and writes and kernel shapes all decide the speed.",
+      "T = 32 时 KV 缓存只有 16 KiB，线性状态约 64.5 KiB；T = 8192 时缓存是 4 MiB，固定状态的优势才明显。这只是存储上的交点，不是速度上的交点：特征映射、投影、状态读写和 kernel 形状都会影响实际速度。")],
+  build(root) {
+    const d = DATA.memory, view = h("div", {});
+    root.append(view);
+    return (sub) => {
+      const st = d.per_head_state_bytes, kv = d.per_head_kv_bytes_per_token, c = d.crossover;
+      const far = sub === 0 ? 2 * c : 8192, Ts = sub === 0 ? [0, far / 4, far / 2, 3 * far / 4, far] : [8, 16, 32, 64, 129, 256, 512, 1024, 2048, 4096, 8192];
+      const marks = sub === 0 ? [{ x: c, label: "T = " + c }] : [{ x: 32, label: "T = 32" }, { x: 8192, label: "T = 8192", row: 1 }];
+      put(view, lineChart([{ points: Ts.map((t) => [t, t * kv]), color: C.k, label: tr(T("KV cache (bfloat16)", "KV 缓存（bfloat16）")) },
+        { points: Ts.map((t) => [t, st]), color: C.S, label: tr(T("state (float32)", "状态（float32）")) }], sub === 0 ? { xlabel: "T", ylabel: tr(T("bytes per head", "每个头的字节数")), marks, xticks: [0, c, far], yticks: [0, st, far * kv] }
+          : { xlabel: "T", ylabel: tr(T("bytes per head (log scale)", "每个头的字节数（对数刻度）")), marks, xticks: [8, 4096, 8192], yticks: [4096, st, far * kv], logy: true }),
+        h("div", { class: "row" }, box("T = 32", h("div", { class: "big" }, "KV " + fmt(d.kv_at["32"] / 1024) + " KiB"), h("div", {}, tr(UI.state) + " " + fmt(st / 1024) + " KiB")),
+          box("T = 129", h("div", { class: "big" }, "KV " + bytes(d.kv_at["129"]) + " B"), h("div", {}, tr(UI.state) + " " + bytes(st) + " B")),
+          sub === 1 ? box("T = 8192", h("div", { class: "big" }, "KV " + fmt(d.kv_at["8192"] / 1048576) + " MiB"), h("div", {}, tr(UI.state) + " " + fmt(st / 1024) + " KiB")) : null));
+    };
+  } });
+
+scene({ id: "gates", title: T("A gate: let old memories fade", "加一个门：让旧记忆逐渐淡出"),
+  text: [T("Pure accumulation squeezes more and more into the same state, and old and new writes interfere. A gate 0 ≤ α ≤ 1 first shrinks the old state to αS, then the new φ(k)vᵀ is added; z is gated the same way in this normalized example. Features 1, values 2, 4, 8, α = 0.5: S goes 2 → 5 → 10.5, z 1 → 1.5 → 1.75. Move α: the page's engine recomputes.",
+      "纯累加会把越来越多的内容挤进同一个状态，新旧写入互相干扰。门控 0 ≤ α ≤ 1 先把旧状态缩为 αS，再加入新的 φ(k)vᵀ；在这个归一化示例里 z 也用同样的门。特征为 1，值依次为 2、4、8，α = 0.5：S 从 2 → 5 → 10.5，z 从 1 → 1.5 → 1.75。移动 α：页面的计算引擎会重算。"),
+    T("An old token's weight is the product of every gate after it: token i at time t carries αᵢ₊₁⋯αₜ. Smaller α forgets faster, α near 1 keeps longer. Modern gated models use vector gates, other normalizations and richer updates.",
+      "旧词元的权重是它之后所有门值的乘积：词元 i 在时刻 t 的权重是 αᵢ₊₁⋯αₜ。α 越小遗忘越快，接近 1 则保留更久。现代门控模型还会用向量门、不同的归一化和更复杂的状态更新。")],
   build(root) {
     const d = DATA.gates, view = h("div", {});
     root.append(view);
-    return (sub) => {
-      view.replaceChildren();
+    const slider = h("input", { type: "range", id: "gate-alpha", min: 0, max: 1, step: 0.05, value: 0.5 }), shown = h("output", { id: "gate-alpha-value" }, "0.5");
+    let sub = 0;
+    const draw = () => {
+      const a = Number(slider.value);
+      shown.textContent = fmt(a);
+      // At the scripted α the numbers are the reference's; another α is the page's engine.
+      const res = a === d.alpha[0] ? d : run({ rule: "gated", q: [1], k: [[1], [1], [1]], v: d.values.map((x) => [x]), alpha: [a, a, a], eps: 0 });
+      const S = res.S.map((m) => m[0][0]), z = res.z.map((x) => x[0]), max = Math.max(16, ...S);
       if (sub === 0) {
-        view.append(h("table", { class: "data" }, h("tr", {}, h("th", {}, "t"), h("th", {}, "α"), h("th", {}, "v"), h("th", {}, "S"), h("th", {}, "z"), h("th", {}, "y = S/z")),
-          d.S.map((S, t) => h("tr", {}, h("td", {}, t + 1), h("td", {}, d.alpha[t]), h("td", {}, d.values[t]), h("td", {}, fmt(S[0][0])), h("td", {}, fmt(d.z[t][0])), h("td", {}, t === 1 ? "10/3 ≈ " + fmt(d.y[t][0], 4) : fmt(d.y[t][0]))))));
-      } else if (sub === 1) {
-        view.append(box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), grid(d.weights.map((r) => r.map((x) => (x === null ? "" : x))), { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"] })));
+        const rows = S.map((x, t) => {
+          const prev = t ? S[t - 1] : 0, shrunk = a * prev;
+          const bar = h("span", { class: "bar", style: "background:" + C.S + ";width:" + (100 * x / max).toFixed(1) + "%" });
+          // The old state shrinks to αS, then the write adds on top.
+          anim(bar, [{ width: (100 * prev / max).toFixed(1) + "%" }, { width: (100 * shrunk / max).toFixed(1) + "%", offset: 0.45 }, { width: (100 * x / max).toFixed(1) + "%" }], { duration: 700, delay: 250 * t });
+          return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, "t" + (t + 1) + ": " + (t ? fmt(a) + "×" + fmt(prev) + " + " + d.values[t] : d.values[t])), h("span", { class: "bartrack" }, bar),
+            h("span", { class: "barval" }, h("span", { class: "sym-S" }, "S=" + fmt(x)), "  ", h("span", { class: "sym-z" }, "z=" + fmt(z[t]))));
+        });
+        put(view, formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
+          h("div", { class: "big", id: "gate-seq" }, "S: " + S.map((x) => fmt(x)).join(" → ") + "; z: " + z.map((x) => fmt(x)).join(" → ")));
       } else {
-        const sc = d.scan, svg = s("svg", { width: 600, height: 200, role: "img" });
-        const node = (x, y, p, label) => { svg.append(s("rect", { x: x - 58, y, width: 116, height: 34, rx: 6, fill: "#e7f0fa", stroke: "#1f6fb2" }), s("text", { x, y: y + 14, "text-anchor": "middle" }, label), s("text", { x, y: y + 28, "text-anchor": "middle" }, "(" + fmt(p.a) + ", " + fmt(p.B) + ")")); };
-        const xs = [75, 225, 375, 525];
-        xs.forEach((x, i) => node(x, 150, sc.leaves[i], "token " + (i + 1)));
-        [[150, 0], [450, 1]].forEach(([x, i]) => { node(x, 80, sc.level1[i], i ? "4∘3" : "2∘1"); svg.append(s("path", { d: `M${x} 114 L${xs[2 * i]} 150 M${x} 114 L${xs[2 * i + 1]} 150`, stroke: "#5b6470", fill: "none" })); });
-        node(300, 10, sc.root, "(4∘3)∘(2∘1)");
-        svg.append(s("path", { d: "M300 44 L150 80 M300 44 L450 80", stroke: "#5b6470", fill: "none" }));
-        view.append(svg, h("p", {}, tr(T("token loop: S₄ = ", "逐词元循环：S₄ = ")) + fmt(sc.loop_S) + tr(T(" = B of the root", " = 根节点的 B"))));
+        const w = [0, 1, 2].map((t) => [0, 1, 2].map((i) => (i <= t ? Math.pow(a, t - i) : "")));
+        const g = grid(w, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "gate" });
+        g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c) => { const x = Number(c.textContent); c.style.background = "rgba(0,131,143," + (0.12 + 0.6 * x).toFixed(2) + ")"; });
+        put(view, formula(tr(T("weight(i, t) = αᵢ₊₁ ⋯ αₜ", "权重(i, t) = αᵢ₊₁ ⋯ αₜ"))), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
+      }
+    };
+    slider.addEventListener("input", draw);
+    return (n) => { sub = n; draw(); };
+  } });
+
+scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan", "门控递推为什么能做并行扫描"),
+  text: [T("Write one update as an affine map f(S) = aS + B with B = k̃vᵀ. Two neighbours merge into one: f₂(f₁(S)) = a₂(a₁S + B₁) + B₂ = (a₂a₁)S + (a₂B₁ + B₂), so (a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂).",
+      "把一次更新写成仿射变换 f(S) = aS + B，其中 B = k̃vᵀ。相邻两步可以合成一步：f₂(f₁(S)) = a₂(a₁S + B₁) + B₂ = (a₂a₁)S + (a₂B₁ + B₂)，即 (a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)。"),
+    T("Composition is associative, so a tree merges the pairs and yields every prefix, not only the root: each token's state comes out. Four tokens, α = 0.5, writes 2, 4, 8, 16; the prefixes equal the token loop.",
+      "函数复合满足结合律，所以可以树形合并，并求出每个前缀，而不只是根：每个词元的状态都能得到。四个词元，α = 0.5，写入 2、4、8、16；各前缀等于逐词元循环。"),
+    T("Order matters: a later gate decays earlier writes, so the two maps cannot be swapped. z composes the same way with B replaced by k̃. A scan shortens the dependency chain; the traffic of intermediate states and the matrix sizes still decide the speed.",
+      "顺序不能交换：后来的门会衰减之前的写入。z 用同样的组合，只把 B 换成 k̃。并行扫描缩短依赖链；中间状态的流量与矩阵维度仍然决定效率。")],
+  build(root) {
+    const sc = DATA.gates.scan, view = h("div", {});
+    root.append(view);
+    const pair = (p) => "(" + fmt(p.a) + ", " + fmt(p.B) + ")";
+    return (sub) => {
+      put(view, );
+      if (sub === 0) { view.append(formula("f₂(f₁(S)) = a₂(a₁S + B₁) + B₂", "= (a₂a₁) S + (a₂B₁ + B₂)", "(a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
+      if (sub === 1) {
+        const svg = s("svg", { viewBox: "0 0 720 300", class: "diagram", role: "img", id: "scan-tree" });
+        const node = (x, y, p, label, cls, delay) => {
+          const g = s("g", {}, s("rect", { x: x - 70, y, width: 140, height: 44, rx: 7, class: cls || "card" }), s("text", { x, y: y + 18, "text-anchor": "middle" }, label), s("text", { x, y: y + 36, "text-anchor": "middle", class: "num" }, pair(p)));
+          svg.append(g); anim(g, [{ opacity: 0, transform: "translateY(12px)" }, { opacity: 1, transform: "none" }], { duration: 450, delay });
+        };
+        const xs = [90, 270, 450, 630];
+        [[180, 0], [540, 1]].forEach(([x, i]) => svg.append(s("path", { d: `M${x} 150 L${xs[2 * i]} 196 M${x} 150 L${xs[2 * i + 1]} 196`, class: "edge" })));
+        svg.append(s("path", { d: "M360 64 L180 106 M360 64 L540 106", class: "edge" }));
+        xs.forEach((x, i) => node(x, 196, sc.leaves[i], tr(UI.token) + " " + (i + 1), "card", 0));
+        node(180, 106, sc.level1[0], "2∘1", "card", 250); node(540, 106, sc.level1[1], "4∘3", "card", 250); node(360, 20, sc.root, "(4∘3)∘(2∘1)", "card", 500);
+        svg.append(s("text", { x: 360, y: 272, "text-anchor": "middle" }, tr(T("prefix 3 = token 3 ∘ (2∘1)", "前缀 3 = 词元 3 ∘ (2∘1)"))));
+        view.append(svg, table([tr(T("prefix", "前缀")), "(a, B)", tr(T("token loop S", "逐词元循环 S"))], sc.prefixes.map((p, t) => ["1…" + (t + 1), pair(p), fmt(sc.loop_prefix_S[t])]), { id: "scan-prefixes" }));
+      } else {
+        view.append(h("div", { class: "row" }, box("(a₂, B₂) ∘ (a₁, B₁)", h("div", { class: "big" }, pair(sc.level1[0])), h("div", { class: "muted" }, tr(T("token 2 after token 1: the loop's S₂ = ", "词元 2 在词元 1 之后：循环的 S₂ = ")) + fmt(sc.loop_prefix_S[1]))),
+          box("(a₁, B₁) ∘ (a₂, B₂)", h("div", { class: "big sym-err" }, pair(sc.swapped)), h("div", { class: "muted" }, tr(T("swapped: a different state", "交换顺序：得到不同的状态")))),
+          box(tr(T("z, with B = k̃ = 1", "z，B = k̃ = 1")), h("div", { class: "big sym-z" }, pair(sc.z_root)), h("div", { class: "muted" }, tr(T("token loop z₄ = ", "逐词元循环 z₄ = ")) + fmt(sc.loop_z)))));
+        view.querySelectorAll(".box").forEach((b, i) => enter(b, 150 * i));
       }
     };
   } });
 
-scene({ id: "delta", title: T("The delta rule: write only the error", "Delta 规则：只写入误差"),
-  text: [T("Read what the memory holds for key k, then write only the difference: u = β(v − Sᵀk), S = S + k uᵀ. Unit key, v = 5, β = 0.5, S starting at 2: 3.5 → 4.25 → 4.625. No z here: this is a fast-weight memory, a different model.",
-      "先读出记忆中键 k 对应的内容，再只写入差值：u = β(v − Sᵀk)，S = S + k uᵀ。单位键、v = 5、β = 0.5，S 从 2 开始：3.5 → 4.25 → 4.625。这里没有 z：这是一种快速权重记忆，是另一种模型。"),
-    T("For one key each write multiplies the error by (1 − β‖k‖²): it converges when 0 < β‖k‖² < 2, lands in one write at 1, overshoots above 1 and diverges past 2.",
-      "对同一个键，每次写入把误差乘以 (1 − β‖k‖²)：当 0 < β‖k‖² < 2 时收敛，等于 1 时一次写准，大于 1 时来回过冲，超过 2 时发散。"),
-    T("Try it: the page's engine reruns the writes for the β you choose.", "试一试：页面的计算引擎会用你选的 β 重新执行这些写入。")],
+scene({ id: "delta", title: T("The delta rule: read the old answer, write the error", "Delta 规则：先读旧答案，再写误差"),
+  text: [T("Think of the state as a table of associations. Meeting a key again, first ask what the memory holds for it. This is a fast-weight memory without the normalizer. Key k = [1, 0]: the memory predicts 2; the new target value is 5. The error e = v − Sᵀk = 5 − 2 = 3.",
+      "把状态看成一张关联表。再次遇到同一个键时，先问“我现在记得什么？”。这里换成不带分母的快速权重记忆。键 k = [1, 0]：记忆对它的预测是 2，新的目标值是 5。误差 e = v − Sᵀk = 5 − 2 = 3。"),
+    T("Write back only what needs correcting, not a whole new 5: with β = 0.5, S ← S + β k eᵀ. The cell for this key goes from 2 to 3.5; an orthogonal key's 4 is untouched. Real keys are correlated, so a write also moves related directions. DeltaNet is built on this update.",
+      "只把需要修正的部分写回，而不是再叠上一个完整的 5：取 β = 0.5，S ← S + β k eᵀ。这个键对应的格子从 2 变成 3.5；正交键对应的 4 保持不变。真实的键彼此相关，一次写入也会影响相关方向。DeltaNet 就建立在这种更新上。")],
+  build(root) {
+    const w = DATA.delta.one_write, view = h("div", {});
+    root.append(view);
+    return (sub) => {
+      const S = sub === 0 ? w.S0 : w.S, before = w.S0;
+      const g = grid(S, { rowHeads: ["k=[1,0]", "k=[0,1]"], sym: "S", before: sub === 1 ? before : null });
+      put(view, formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
+        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction ", "预测 ")) + fmt(w.prediction)), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))),
+          h("div", { class: "big sym-err", id: "delta-error" }, "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error))),
+        sub === 1 ? box(tr(T("after the write", "写入之后")), h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = " + fmt(w.S[0][0])),
+          h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
+      if (sub === 0) pulse(view.querySelector("#delta-error"), C.err, 200);
+    };
+  } });
+
+scene({ id: "repeat", title: T("Writing one key again and again: accumulate against correct", "重复写同一个键：累加和纠错差在哪"),
+  text: [T("One-dimensional key 1, target 5, β = 0.5, memory starting at S = 2; each write first computes e = 5 − S. First: e = 3, S = 2 + 0.5×3 = 3.5. Second: e = 1.5, S = 4.25. Third: e = 0.75, S = 4.625. The error halves each time and S approaches 5; plain accumulation would keep adding 5 and grow without end.",
+    "一维键为 1，目标值 5，β = 0.5，记忆从 S = 2 开始；每次先算误差 e = 5 − S。第一次：e = 3，S = 2 + 0.5×3 = 3.5。第二次：e = 1.5，S = 4.25。第三次：e = 0.75，S = 4.625。误差每次减半，S 逼近 5；纯累加则每次再加 5，无限增长。")],
+  build(root) {
+    const c = DATA.delta.curves[0], view = h("div", {});
+    root.append(view);
+    return () => {
+      const n = 4, pts = c.S.slice(0, n).map((x, i) => [i, x]);
+      put(view, lineChart([{ points: pts, color: C.S, label: "S (delta, β = 0.5)", dots: true }, { points: pts.map((p) => [p[0], 5]), color: C.v, label: tr(T("target v = 5", "目标 v = 5")), dash: "6 5" },
+        { points: pts.map((p) => [p[0], 2 + 5 * p[0]]), color: C.other, label: tr(T("accumulate: S + v", "累加：S + v")), dash: "2 4" }], { xlabel: tr(T("writes", "写入次数")), ylabel: "S", xticks: [0, 1, 2, 3], yticks: [0, 2, 5, 17] }),
+      h("div", { class: "big", id: "delta-seq" }, c.S.slice(0, n).map((x) => fmt(x)).join(" → ")),
+      h("div", { class: "sym-err", id: "delta-errors" }, "e: " + c.errors.slice(0, n - 1).map((x) => fmt(x)).join(", ")));
+    };
+  } });
+
+scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "键的范数决定了纠错力度"),
+  text: [T("S′ = S + βk(v − kᵀS), so kᵀS′ = kᵀS + β‖k‖²(v − kᵀS): new error = (1 − β‖k‖²) × old error. With ‖k‖ = 1 and β = 0.5 the error halves. With ‖k‖ = 2 and still β = 1 it is multiplied by −3: it overshoots, flips sign and grows. For one key written repeatedly, it converges exactly when 0 < β‖k‖² < 2; normalized keys keep β's meaning stable. With many correlated keys the writes also interfere: this one-key analysis does not prove a whole model stable.",
+      "S′ = S + βk(v − kᵀS)，所以 kᵀS′ = kᵀS + β‖k‖²(v − kᵀS)：新误差 = (1 − β‖k‖²) × 旧误差。‖k‖ = 1、β = 0.5 时误差减半。‖k‖ = 2 而仍取 β = 1 时误差乘以 −3：反向过冲并放大。对一个固定的键重复写入，当且仅当 0 < β‖k‖² < 2 时收敛；归一化的键能让 β 的含义保持稳定。多个相关的键还会互相干扰：这个单键分析不能保证整个模型稳定。"),
+    T("Try it, starting from the scripted S = 2 and target 5: the chart shows the prediction kᵀS after each write, recomputed by the page's engine.",
+      "试一试，从脚本中的 S = 2、目标 5 出发：图中是每次写入后的预测 kᵀS，由页面的计算引擎重算。")],
   build(root) {
     const d = DATA.delta, view = h("div", {});
     root.append(view);
-    const colors = ["#1f6fb2", "#2e7d32", "#c2571a", "#b00020"];
     return (sub) => {
-      view.replaceChildren();
-      const c = d.curves[0];
-      if (sub === 0) view.append(h("div", { class: "row" }, c.S.slice(0, 4).map((x, i) => h("span", { class: "token" + (i === 3 ? " active" : "") }, (i ? tr(T("write ", "写入 ")) + i + ": " : "S₀ = ") + fmt(x)))),
-        h("p", { class: "big", id: "delta-seq" }, c.S.slice(1, 4).map((x) => fmt(x)).join(" → ")));
-      else if (sub === 1) view.append(lineChart(d.curves.slice(0, 3).map((cv, i) => ({ points: cv.S.map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta })), { xlabel: tr(T("writes", "写入次数")), ylabel: "S" }),
-        h("p", {}, "β‖k‖² = 2.5: " + d.curves[3].S.slice(0, 6).map((x) => fmt(x)).join(", ") + tr(T(" … (diverges)", " …（发散）"))));
-      else {
-        const slider = h("input", { type: "range", id: "delta-beta", min: 0, max: 2.5, step: 0.05, value: 0.5 });
-        const out = h("div", {});
+      put(view, );
+      if (sub === 0) {
+        const colors = [C.k, C.v, C.gate, C.err];
+        view.append(formula(tr(T("new e = (1 − β‖k‖²) × old e", "新 e = (1 − β‖k‖²) × 旧 e"))), lineChart(d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true })),
+          { xlabel: tr(T("writes", "写入次数")), ylabel: tr(T("error e", "误差 e")), ymin: -12, ymax: 12, xticks: [0, 3, 6], yticks: [-12, 0, 3, 12] }),
+        h("div", { class: "big sym-err", id: "norm-k2" }, "‖k‖ = 2, β = 1: e = " + d.norm2.errors.map((x) => fmt(x)).join(" → ")));
+      } else {
+        const kIn = h("input", { type: "range", id: "norm-k", min: 0.25, max: 2.5, step: 0.25, value: 1 }), bIn = h("input", { type: "range", id: "norm-beta", min: 0, max: 2, step: 0.05, value: 0.5 });
+        const kOut = h("output", {}, "1"), bOut = h("output", {}, "0.5"), out = h("div", {});
         const draw = () => {
-          const beta = Number(slider.value), n = 8;
-          const res = run({ rule: "delta", q: [1], k: Array(n).fill([1]), v: Array(n).fill([d.value]), beta: Array(n).fill(beta) });
-          // the engine starts from zero; S from 2 is S0 = 2 shifted: error factor is what matters
-          const seq = [0].concat(res.S.map((S) => S[0][0]));
-          out.replaceChildren(h("p", {}, "β = " + beta.toFixed(2) + ", 1 − β = " + (1 - beta).toFixed(2)), lineChart([{ points: seq.map((x, i) => [i, x]), color: "#1f6fb2", label: "S (from 0)" }, { points: seq.map((x, i) => [i, d.value]), color: "#5b6470", label: "v", dash: "4 4" }], { xlabel: tr(T("writes", "写入次数")), ylabel: "S" }));
+          const k = Number(kIn.value), b = Number(bIn.value), n = 8;
+          kOut.textContent = fmt(k); bOut.textContent = fmt(b);
+          const res = run({ rule: "delta", q: [k], k: Array(n).fill([k]), v: Array(n).fill([d.value]), beta: Array(n).fill(b), initial_S: [[d.start]] });
+          const reads = [k * d.start].concat(res.y.map((y) => y[0])), f = 1 - b * k * k;
+          const lim = Math.min(40, Math.max(10, ...reads.map(Math.abs)));
+          put(out, h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + "; 1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
+            lineChart([{ points: reads.map((x, i) => [i, Math.max(-lim, Math.min(lim, x))]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
+              { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS", ymin: -lim, ymax: lim, xticks: [0, 4, 8], yticks: [-lim, 0, 5, lim] }));
         };
-        slider.addEventListener("input", draw);
-        view.append(h("label", {}, "β ", slider), out);
+        kIn.addEventListener("input", draw); bIn.addEventListener("input", draw);
+        view.append(h("div", { class: "controls" }, h("label", { class: "control" }, "‖k‖ = ", kIn, " ", kOut), h("label", { class: "control" }, "β = ", bIn, " ", bOut)), out);
         draw();
       }
     };
   } });
 
-scene({ id: "chunks", title: T("Chunks: carried state plus the chunk itself", "分块：携带的状态加上块内部分"),
-  text: [T("Training processes chunks of C tokens at once. Inside a chunk, each output is the part read from the state carried in (older history) plus a masked product over the chunk's own tokens; then the chunk hands on S + Kᵀ V and z + ΣK. Move the chunk size: the outputs do not change.",
-      "训练时一次处理 C 个词元组成的块。块内每个输出等于从携带进来的状态读出的部分（更早的历史），加上块内词元的带掩码乘积；然后块把 S + KᵀV 和 z + ΣK 传给下一块。移动块大小：输出不变。"),
-    T("The running example with two more tokens (φ(k) = [1,0], v = 6 and φ(k) = [1,1], v = 15): the last output is 74/11 for every chunk size, the same as the token loop.",
-      "在贯穿的例子后再加两个词元（φ(k) = [1,0]、v = 6 与 φ(k) = [1,1]、v = 15）：无论块大小如何，最后的输出都是 74/11，与逐词元循环相同。")],
+scene({ id: "chunks", title: T("In training, state updates run in parallel blocks", "训练时，状态更新也能按块并行"),
+  text: [T("A token-by-token recurrence suits decoding; prefill and training want large blocks of work. Walking t₁, t₂, t₃ … one at a time hardly fills a GPU. For an associative update, a parallel scan or the chunk form does matrix products inside each chunk and passes the state between chunks.",
+      "逐词元递推适合解码；prefill 和训练更适合把工作组织成大块。依次处理 t₁、t₂、t₃……很难喂满 GPU。对可结合的状态更新，可以用并行扫描或分块公式：块内做矩阵乘法，块与块之间传递状态。"),
+    T("Without gates: the chunk starts with S_prev and z_prev. Numerator = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c; denominator = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]; then S_next = S_prev + K̃_cᵀV_c and z_next = z_prev + Σrows K̃_c. The first term reads older history from the carried state, the second handles the chunk's own tokens. Move C: the outputs do not change.",
+      "先看不带门的累加形式：块开始前已有 S_prev、z_prev。分子 = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c；分母 = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]；然后 S_next = S_prev + K̃_cᵀV_c，z_next = z_prev + Σrows K̃_c。第一项从跨块状态读取更早的历史，第二项处理块内词元。移动 C：输出不变。"),
+    T("The running example with two more tokens (φ(k) = [1, 0], v = 6; φ(k) = [1, 1], v = 15), query [2, 1]: the last output is 74/11 for every chunk size. A gated version multiplies in gate products; the delta rule cannot reuse this accumulate formula and needs a block algorithm of its own, with the same aim: keep the recurrence's meaning and give the GPU large regular products.",
+      "在贯穿的例子后再加两个词元（φ(k) = [1, 0]，v = 6；φ(k) = [1, 1]，v = 15），查询 [2, 1]：无论块多大，最后的输出都是 74/11。门控版本要乘上门的乘积；delta 规则不能套用这条累加公式，需要专门的块算法，目标相同：保留递推的语义，同时让 GPU 做规整的大块运算。")],
   build(root) {
     const d = DATA.chunks, out = h("div", {});
-    const slider = h("input", { type: "range", id: "chunk-size", min: 1, max: d.keys.length, value: 2, oninput: () => draw() });
-    root.append(h("label", {}, ui("chunk") + " C = ", slider), out);
+    const slider = h("input", { type: "range", id: "chunk-size", min: 1, max: d.keys.length, value: 2, oninput: () => draw() }), shown = h("output", { id: "chunk-size-value" }, "2");
+    root.append(h("label", { class: "control" }, ui("chunk") + " C = ", slider, " ", shown), out);
     let sub = 0;
     const draw = () => {
-      const C = Number(slider.value), chunks = d.layouts[String(C)];
-      const toks = h("div", {}, d.keys.map((k, i) => h("span", { class: "token chunk" + (Math.floor(i / C) % 2) }, (i + 1) + ": " + vec(k) + ", v=" + d.values[i])));
-      const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => h("tr", {}, h("td", {}, ci + 1), h("td", {}, c.start + j + 1),
-        h("td", {}, fmt(c.inter_num[j]) + " / " + fmt(c.inter_den[j])), h("td", {}, fmt(c.intra_num[j]) + " / " + fmt(c.intra_den[j])),
-        h("td", {}, fmt(y, 4)), h("td", {}, fmt(d.loop_y[c.start + j], 4)))));
-      const table = h("table", { class: "data" }, h("tr", {}, h("th", {}, tr(T("chunk", "块"))), h("th", {}, "t"), h("th", {}, ui("read")), h("th", {}, ui("own")), h("th", {}, "y"), h("th", {}, tr(T("token loop", "逐词元循环")))), rows);
-      const hand = h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  "));
-      out.replaceChildren(toks, table, hand);
-      if (sub === 1) out.append(h("p", { class: "big" }, "y₅ = " + fmt(d.num) + "/" + fmt(d.den) + " ≈ " + fmt(d.loop_y[4], 4)));
+      const C_ = Number(slider.value), chunks = d.layouts[String(C_)];
+      shown.textContent = String(C_);
+      const svg = s("svg", { viewBox: "0 0 720 130", class: "diagram", role: "img", id: "chunk-strip" });
+      d.keys.forEach((k, i) => {
+        const x = 20 + 136 * i, ci = Math.floor(i / C_);
+        svg.append(s("rect", { x, y: 10, width: 120, height: 56, rx: 6, class: "card chunk" + (ci % 2) }), s("text", { x: x + 60, y: 32, "text-anchor": "middle", class: "sym-k" }, "φ(k)=" + vec(k)), s("text", { x: x + 60, y: 54, "text-anchor": "middle", class: "sym-v" }, "v=" + fmt(d.values[i])));
+      });
+      chunks.slice(0, -1).forEach((c, ci) => {
+        const x = 20 + 136 * c.stop - 8, g = s("g", {}, s("circle", { cx: x, cy: 95, r: 13, fill: C.S }), s("text", { x, y: 100, "text-anchor": "middle", style: "fill:#fff" }, "S"));
+        svg.append(g, s("text", { x, y: 124, "text-anchor": "middle", class: "muted-svg" }, vec(c.S_out)));
+        anim(g, [{ transform: "translateX(-110px)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 600, delay: 150 * ci });  // the state handed on
+      });
+      const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => [ci + 1, c.start + j + 1, fmt(c.inter_num[j]), fmt(c.inter_den[j]), fmt(c.intra_num[j]), fmt(c.intra_den[j]),
+        "(" + fmt(c.inter_num[j]) + " + " + fmt(c.intra_num[j]) + ") / (" + fmt(c.inter_den[j]) + " + " + fmt(c.intra_den[j]) + ")", fmt(y, 4), fmt(d.loop_y[c.start + j], 4)]));
+      put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token", "（每个词元相同）")))), svg,
+        sub >= 1 ? formula(ui("num") + " = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c", ui("den") + " = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]", "S_next = S_prev + K̃_cᵀ V_c,   z_next = z_prev + Σrows K̃_c") : null,
+        table([tr(T("chunk", "块")), "t", tr(T("carried: num", "携带：分子")), tr(T("carried: den", "携带：分母")), tr(T("own: num", "块内：分子")), tr(T("own: den", "块内：分母")), tr(T("(num) / (den)", "(分子) / (分母)")), "y", tr(T("token loop", "逐词元循环"))], rows, { id: "chunk-table" }),
+        h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  ")),
+        sub === 2 ? h("p", { class: "big", id: "chunk-final" }, "y₅ = " + fmt(d.num) + "/" + fmt(d.den) + " ≈ " + fmt(d.loop_y[4], 4)) : null);
     };
     return (n) => { sub = n; draw(); };
   } });
 
 scene({ id: "devices", title: T("Across devices: segments exchange states, not tokens", "跨设备：各段交换状态，而不是词元"),
-  text: [T("Every rule maps a segment's incoming state affinely: S_out = P·S_in + Q. Each device runs its segment from a zero state (that is Q) and knows P from its own tokens: here gated delta, P = Π α(I − β k kᵀ) in token order. Composing the pairs with the rule of the gates scene, (P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂), gives the state of one pass over all tokens.",
-    "每条规则都把一段的输入状态仿射地映射为 S_out = P·S_in + Q。每个设备从零状态运行自己的那一段（得到 Q），并由自己的词元得到 P：这里是门控 delta，P = Π α(I − β k kᵀ)，按词元顺序相乘。用门控那一场景的规则复合这些对，(P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂)，就得到对全部词元一次运行的状态。")],
+  text: [T("Every rule maps a segment's incoming state affinely: S_out = P·S_in + Q. Each device runs its segment from a zero state (that is Q) and knows P from its own tokens: here gated delta, P = Π α(I − β k kᵀ) in token order. Composing the pairs as in the scan, (P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂), gives the state of one pass over all tokens.",
+    "每条规则都把一段的输入状态仿射地映射为 S_out = P·S_in + Q。每个设备从零状态运行自己的那一段（得到 Q），并由自己的词元得到 P：这里是门控 delta，P = Π α(I − β k kᵀ)，按词元顺序相乘。像扫描那样复合这些对，(P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂)，就得到对全部词元一次运行的状态。")],
   build(root) {
     const d = DATA.devices;
-    const seg = (sg, i) => box(tr(T("device ", "设备 ")) + (i + 1) + tr(T(": tokens ", "：词元 ")) + sg.tokens.join("–"),
-      h("div", { class: "row" }, h("div", {}, "P", grid(sg.P)), h("div", {}, "Q", grid(sg.Q))));
-    root.append(h("div", { class: "muted" }, d.keys.map((k, t) => "k" + (t + 1) + "=" + vec(k) + ", v=" + d.values[t]).join("   ") + "   α = " + d.alpha[0] + ", β = " + d.beta[0]),
-      h("div", { class: "row" }, d.segments.map(seg),
-        box("P₂Q₁ + Q₂", grid(d.composed)), box(tr(T("one pass, all tokens", "一次运行全部词元")), grid(d.one_pass))));
-    return () => {};
+    const seg = (sg, i) => box(tr(T("device ", "设备 ")) + (i + 1) + tr(T(": tokens ", "：词元 ")) + sg.tokens.join("–"), h("div", { class: "row" }, h("div", {}, "P", grid(sg.P, { digits: 3 })), h("div", {}, "Q", grid(sg.Q, { sym: "S", digits: 3 }))));
+    const parts = [...d.segments.map(seg), box("P₂Q₁ + Q₂", grid(d.composed, { sym: "S", digits: 4 })), box(tr(T("one pass, all tokens", "一次运行全部词元")), grid(d.one_pass, { sym: "S", digits: 4 }))];
+    root.append(h("div", { class: "muted" }, d.keys.map((k, t) => "k" + (t + 1) + "=" + vec(k) + ", v=" + d.values[t]).join("   ") + "   α = " + d.alpha[0] + ", β = " + d.beta[0]), h("div", { class: "row" }, parts));
+    return () => parts.forEach((p, i) => enter(p, 150 * i));
   } });
 
-scene({ id: "code", title: T("The whole recurrence, as code", "整个递推，写成代码"),
-  text: [T("This loop is the definition; every fast form (dense, chunked, scanned, one-step decode) must agree with it. Write it first in float64, then check each fast path against it on the same inputs: float64 first, speed second. lab.py (download on the first page) does exactly that with NumPy.",
-    "这个循环就是定义；每一种快速形式（稠密、分块、扫描、单步解码）都必须与它一致。先用 float64 写出它，再在相同输入上用它检查每一条快速路径：先 float64，后速度。lab.py（在第一页下载）用 NumPy 做的正是这件事。")],
+scene({ id: "code", title: T("The minimal recurrence: every line is a tensor", "最小递推里，每一行都有张量意义"),
+  text: [T("This loop is the definition: every fast form (dense, chunked, scanned, one-step decode) must agree with it. Check the formula in float64 at small sizes first, then swap the dtype and the kernel and watch how the error grows; compare only runs with the same feature map and ε. A NumPy loop is a teaching reference: never compare its speed with an optimized softmax GPU kernel.",
+    "这个循环就是定义：每一种快速形式（稠密、分块、扫描、单步解码）都必须与它一致。先用 float64、小尺寸确认公式，再替换 dtype 与 kernel，观察误差如何增长；只比较同一种特征映射和 ε。NumPy 循环是教学参考，不能拿它与优化过的 softmax GPU kernel 比速度。")],
   build(root) {
-    root.append(h("pre", {}, "import numpy as np\n\ndef linear_attention(q, k, v, eps=1e-6):   # q, k: features [T, r]; v: [T, dv]\n    S = np.zeros((k.shape[1], v.shape[1]))   # r x dv\n    z = np.zeros(k.shape[1])                 # r\n    y = []\n    for t in range(len(k)):\n        S += np.outer(k[t], v[t])            # write\n        z += k[t]\n        y.append(q[t] @ S / (q[t] @ z + eps))  # then read\n    return np.array(y), S, z"));
-    return () => {};
+    const lines = ["S = np.zeros((r, dv), dtype=np.float64)   # [r, dv]", "z = np.zeros(r, dtype=np.float64)         # [r]", "for q, k, v in zip(phi(Q), phi(K), V):",
+      "    S += np.outer(k, v)    # [r, dv]" + tr(T(", includes the current token", "，包含当前词元")), "    z += k                 # [r]",
+      "    denominator = q @ z    # " + tr(T("a number", "一个数")), "    y = (q @ S) / (denominator + eps)    # [dv]"];
+    const pre = h("pre", { id: "code" }, lines.map((l) => h("span", { class: "codeline" }, fx(l.split("#")[0]), l.includes("#") ? h("span", { class: "muted" }, "#" + l.split("#")[1]) : null, "\n")));
+    root.append(pre);
+    return () => pre.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0 }, { opacity: 1 }], { duration: 350, delay: 90 * i }));
   } });
 
 scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "省下了什么，难点又转移到了哪里"),
-  text: [T("Decode with a KV cache keeps n(dk + dv) numbers per head and reads them all each step; the state keeps r·dv + r and does r·dv work per step, whatever n. The history is aggregated, so it can no longer be retrieved token by token.",
-      "用 KV 缓存解码时，每个头保存 n(dk + dv) 个数，每步全部读取；状态只保存 r·dv + r 个数，每步做 r·dv 的计算，与 n 无关。历史被聚合了，所以不能再逐个词元地取回。"),
-    T("Measured by linattn recall (no training; random unit keys, d = 64): softmax retrieves every pair at any distance; the fixed states lose accuracy as more writes come after the pair.",
-      "由 linattn recall 测得（无训练；随机单位键，d = 64）：softmax 在任何距离都能取回每一对；固定状态在该对之后写入越多，准确率越低。")],
+  text: [T("Per head, with a fixed feature-map cost: decoding with a KV cache keeps and reads O(n(dk + dv)) numbers; the state keeps O(dφdv + dφ) and reads O(dφdv) per step. The history is written into a finite state, so exact retrieval, interference and forgetting become the hard part. Hybrids keep a linear state in some layers and full attention in others: read Kimi Linear and Qwen3-Next next. FlashAttention optimizes softmax attention's memory traffic; it does not turn it into a state model.",
+      "按一个头、固定特征映射成本计算：用 KV 缓存解码保存并读取 O(n(dk + dv)) 个数；状态只保存 O(dφdv + dφ)，每步读取 O(dφdv)。历史被写进有限容量的状态，于是精确检索、干扰与遗忘成了难点。混合架构让部分层维护线性状态、部分层保留 full attention：接下来可以读 Kimi Linear 与 Qwen3-Next。FlashAttention 优化的是 softmax 注意力的访存，并没有把它变成状态模型。"),
+    T("Measured by linattn recall (no training; random unit keys, d = 64): softmax retrieves every pair at any distance. Plain accumulation stays near 80% whatever the distance: its loss is interference, not distance. Gates forget with distance (α = 0.9 is near chance after 48 writes), and so does the delta rule at these settings.",
+      "由 linattn recall 测得（无训练；随机单位键，d = 64）：softmax 在任何距离都能取回每一对。纯累加不论距离都停在 80% 左右：它的损失来自干扰，而不是距离。门控随距离遗忘（α = 0.9 在 48 次写入后接近随机），在这些设置下 delta 规则也一样。")],
   build(root) {
     const m = DATA.measured, view = h("div", {});
     root.append(view);
     return (sub) => {
-      view.replaceChildren();
-      if (sub === 0) view.append(h("table", { class: "data" }, h("tr", {}, h("th", {}, ""), h("th", {}, "softmax + KV cache"), h("th", {}, "linear attention state")),
-        [[T("decode state", "解码状态"), "O(n (dk + dv))", "O(r·dv + r)"], [T("work per step", "每步计算"), "O(n (dk + dv))", "O(r·dv)"], [T("history", "历史"), T("every token, retrievable", "每个词元，可取回"), T("aggregated", "聚合，不可逐个取回")], [T("hard part", "难点"), T("capacity, bandwidth", "容量与带宽"), T("exact retrieval, interference, forgetting", "精确检索、干扰、遗忘")]]
-          .map((r) => h("tr", {}, r.map((c) => h("td", {}, tr(c)))))));
-      else {
+      put(view, );
+      if (sub === 0) {
+        const rows = [[T("decode state", "解码时的历史状态"), "O(n(dk + dv))", "O(dφdv + dφ)"], [T("work per step on the history", "每步读历史的计算"), "O(n(dk + dv))", "O(dφdv)"],
+          [T("shape of the history", "历史的形态"), T("every position kept, matched one by one", "保留每个位置，逐项匹配"), T("written into a finite state", "写进有限容量的状态")],
+          [T("hard part", "关键挑战"), T("capacity and bandwidth of long histories", "长历史的容量与带宽"), T("exact retrieval, interference, forgetting", "精确检索、干扰与遗忘")]];
+        const t = table(["", tr(T("full softmax attention", "完整 softmax 注意力")), tr(T("basic linear attention", "基础线性注意力"))], rows.map((r) => r.map(tr)), { id: "saves-table", text: true });
+        t.querySelectorAll("tr").forEach((tr_, i) => enter(tr_, 100 * i));
+        view.append(t);
+      } else {
         const dists = [...new Set(m.recall_distance.map((r) => r.distance))], mechs = [...new Set(m.recall_distance.map((r) => r.mechanism))];
         const acc = (mech, dist) => m.recall_distance.find((r) => r.mechanism === mech && r.distance === dist).accuracy;
-        view.append(h("table", { class: "data", id: "recall-table" }, h("tr", {}, h("th", {}, tr(T("writes after the pair →", "该对之后的写入数 →"))), dists.map((x) => h("th", {}, x))),
-          mechs.map((mech) => h("tr", {}, h("td", {}, mech), dists.map((x) => h("td", {}, Math.round(100 * acc(mech, x)) + "%"))))),
-          h("p", { class: "muted" }, tr(T("source: ", "来源：")) + m.recall_file));
+        const colors = [C.other, C.S, C.gate, C.k, C.err];
+        view.append(lineChart(mechs.map((mech, i) => ({ points: dists.map((x) => [x, 100 * acc(mech, x)]), color: colors[i], label: mech, dots: true })),
+          { xlabel: tr(T("writes after the pair", "该对之后的写入数")), ylabel: tr(T("recall %", "取回准确率 %")), ymin: 0, ymax: 100, xticks: dists, yticks: [0, 50, 80, 100] }),
+        h("p", { class: "muted" }, ui("source") + m.recall_file));
       }
     };
   } });
 
-scene({ id: "long", title: T("Long histories and precision", "长历史与精度"),
-  text: [T("With nonnegative features z only grows, and so does S: the largest state entry rises with T. A low-precision running sum then rounds away small late writes: a bfloat16 state written token by token stops growing, while the chunk form, which carries its sum in float32, stays close. Keep the state in float32.",
-    "特征非负时 z 只增不减，S 也一样：状态中最大的元素随 T 增长。低精度的累加和会把后来的小写入舍入掉：逐词元写入的 bfloat16 状态停止增长，而分块形式用 float32 携带累加和，误差保持很小。状态请用 float32。")],
+scene({ id: "long", title: T("Over long histories the state's range grows", "长历史下，状态的数值范围会增长"),
+  text: [T("Nonnegative features make z grow steadily, and S's positive and negative terms may cancel. A low-precision sum then rounds away small new writes. A reproducible check: fix Q, K, V, run the float64 recurrence as the reference and sweep length, input scale and chunk size, recording the largest error and the smallest denominator. Measured here (accumulate): a bfloat16 state written token by token stops growing, the chunk form that carries float32 stays close.",
+      "非负特征让 z 持续变大；S 的正负项还可能相互抵消。低精度的加法会逐渐丢掉较小的新写入。可复现的检查：固定 Q/K/V，以 float64 递推为参考，扫描长度、输入尺度与块大小，记录最大误差与分母的最小值。这里的实测（累加规则）：逐词元写入的 bfloat16 状态停止增长，用 float32 携带的分块形式保持接近。"),
+    T("Remedies: a suitable accumulation precision, and the model's own normalization or forgetting. Rescaling S and z by the same constant keeps the current ratio when ε is ignored; with ε, scale ε too. But if the next token writes at the old scale, later outputs change: the rescale must be part of the model's definition.",
+      "工程上的处理：合适的累加精度，以及模型定义的归一化或遗忘机制。忽略 ε 时，S 和 z 同除一个常数保持当前比值；保留 ε 时，ε 也要同比缩放。但下一个词元若仍按原尺度写入，之后的输出就会改变：重缩放必须是模型定义的一部分。")],
   build(root) {
-    const m = DATA.measured;
-    const rec = m.stability.filter((r) => r.form === "recurrent" && r.dtype === "bfloat16");
-    const chunk = (L, dt) => m.stability.find((r) => r.form === "chunk" && r.dtype === dt && r.length === L);
-    root.append(h("table", { class: "data", id: "long-table" }, h("tr", {}, h("th", {}, "T"), h("th", {}, tr(T("largest |S|, float64", "最大 |S|，float64"))), h("th", {}, tr(T("largest |S|, bfloat16 token loop", "最大 |S|，bfloat16 逐词元"))), h("th", {}, tr(T("rel. error, bfloat16 token loop", "相对误差，bfloat16 逐词元"))),
-      h("th", {}, tr(T("rel. error, chunk bfloat16", "相对误差，分块 bfloat16"))), h("th", {}, tr(T("rel. error, chunk float32", "相对误差，分块 float32")))),
-      rec.map((r) => h("tr", {}, h("td", {}, bytes(r.length)), h("td", {}, fmt(r.reference_state_abs_max, 1)), h("td", {}, fmt(r.state_abs_max, 1)), h("td", {}, fmt(r.max_rel_err, 3)),
-        h("td", {}, chunk(r.length, "bfloat16") ? fmt(chunk(r.length, "bfloat16").max_rel_err, 3) : ""), h("td", {}, chunk(r.length, "float32") ? fmt(chunk(r.length, "float32").max_rel_err, 3) : "")))),
-    h("p", { class: "muted" }, tr(T("source: ", "来源：")) + m.stability_files.join(", ") + " (accumulate, input scale 1)"));
-    return () => {};
+    const m = DATA.measured, L = DATA.long, view = h("div", {});
+    root.append(view);
+    return (sub) => {
+      put(view, );
+      if (sub === 0) {
+        const rec = m.stability.filter((r) => r.form === "recurrent" && r.dtype === "bfloat16");
+        const chunk = (len, dt) => m.stability.find((r) => r.form === "chunk" && r.dtype === dt && r.length === len);
+        view.append(lineChart([{ points: rec.map((r) => [Math.log2(r.length), r.reference_state_abs_max]), color: C.S, label: tr(T("largest |S|, float64", "最大 |S|，float64")), dots: true },
+          { points: rec.map((r) => [Math.log2(r.length), r.state_abs_max]), color: C.err, label: tr(T("largest |S|, bfloat16 token loop", "最大 |S|，bfloat16 逐词元")), dots: true, dash: "6 4" }],
+        { xlabel: "log₂ T", ylabel: "|S|max", xticks: rec.map((r) => Math.log2(r.length)), yticks: [0, Math.round(Math.max(...rec.map((r) => r.reference_state_abs_max)))] }),
+        table(["T", tr(T("rel. error, bfloat16 token loop", "相对误差，bfloat16 逐词元")), tr(T("rel. error, chunk bfloat16", "相对误差，分块 bfloat16")), tr(T("rel. error, chunk float32", "相对误差，分块 float32"))],
+          rec.map((r) => [bytes(r.length), fmt(r.max_rel_err, 3), chunk(r.length, "bfloat16") ? fmt(chunk(r.length, "bfloat16").max_rel_err, 3) : "", chunk(r.length, "float32") ? fmt(chunk(r.length, "float32").max_rel_err, 3) : ""]), { id: "long-table" }),
+        h("p", { class: "muted" }, ui("source") + m.stability_files.join(", ")));
+      } else {
+        const b1 = box(tr(T("now", "当前")), h("div", {}, fx("S = " + vec(L.S.map((r) => r[0])) + ", z = " + vec(L.z))), h("div", { class: "big" }, "y = " + fmt(L.y, 6)));
+        const b2 = box(tr(T("S, z and ε × ", "S、z 与 ε × ")) + fmt(L.c), h("div", {}, fx("S = " + vec(L.S.map((r) => L.c * r[0])) + ", z = " + vec(L.z.map((x) => L.c * x)))), h("div", { class: "big", id: "long-rescaled" }, "y = " + fmt(L.y_rescaled, 6)));
+        const b3 = box(tr(T("next write at the old scale: ", "下一次按原尺度写入：")) + "k = " + vec(L.next.k) + ", v = " + fmt(L.next.v),
+          h("div", {}, tr(T("not rescaled: y = ", "未缩放：y = ")) + fmt(L.next.y, 4)), h("div", { class: "sym-err", id: "long-next" }, tr(T("rescaled: y = ", "已缩放：y = ")) + fmt(L.next.y_rescaled, 4)));
+        view.append(h("div", { class: "row" }, b1, b2, b3));
+        [b1, b2, b3].forEach((b, i) => enter(b, 200 * i));
+      }
+    };
+  } });
+
+scene({ id: "quality", title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
+  text: [T("A hypothetical experiment: decode attention takes about 0.3 ms at 2K, 8K and 32K tokens, but exact long-range retrieval falls from 98% to 89% and 61%. Flat latency says the fixed state works; it says nothing about what the state still holds. The table lists each symptom, the first suspect and a control experiment. These numbers are for diagnosis practice only, and a linear layer usually needs training to adapt: softmax weights dropped into it are not equivalent.",
+      "假想实验：解码注意力在 2K、8K、32K 时都约 0.3 ms，但远距离精确检索的准确率从 98% 降到 89%、61%。延迟平稳说明固定状态生效了，却说明不了状态里还保留着什么。表中列出每种现象、优先怀疑的原因和对照实验。这些数字只用于练习诊断；换成线性结构通常需要训练适配，把 softmax 层的权重原样放进去并不等价。"),
+    T("Measured, with training: linattn's MQAR runs (multi-query associative recall, 2-layer models, 3 seeds, 4000 steps on CPU). Accuracy with 8 stored pairs (the largest trained) and 12 (beyond training), beside the state each mixer keeps per head.",
+      "有训练的实测：linattn 的 MQAR 运行（多查询关联回忆，2 层模型，3 个种子，CPU 上 4000 步）。存 8 对（训练中的最大值）与 12 对（超出训练）时的准确率，以及每种混合器每个头保存的状态大小。")],
+  build(root) {
+    const q = DATA.quality.hypothetical, m = DATA.measured, view = h("div", {});
+    root.append(view);
+    return (sub) => {
+      put(view, );
+      if (sub === 0) {
+        view.append(h("div", { class: "row" }, box(tr(T("hypothetical: decode time", "假想：解码时间")), ...q.lengths.map((L, i) => barRow(L, q.ms[i], 0.5, C.other))),
+          box(tr(T("hypothetical: long-range retrieval", "假想：远距离检索")), ...q.lengths.map((L, i) => barRow(L, q.accuracy[i], 100, C.err)))),
+        table([tr(T("symptom", "现象")), tr(T("first suspect", "优先调查")), tr(T("control experiment", "对照实验"))], [
+          [T("latency hardly changes with T", "延迟基本不随 T 变"), T("the fixed state is really in use", "固定状态确实生效"), T("measure state bytes and the kernel's reads", "测状态字节与 kernel 读取量")],
+          [T("near pairs good, far pairs bad", "近距离好、远距离差"), T("forgetting and state interference", "遗忘与状态干扰"), T("move the evidence, keep the total length", "改变证据位置，固定总长度")],
+          [T("repeated keys get overwritten", "重复 key 容易覆盖"), T("write rule and associative capacity", "写入规则与关联容量"), T("compare accumulate, gated, delta", "比较累加、门控、delta 结构")],
+          [T("only long low-precision runs fail", "只有低精度长序列出错"), T("accumulated rounding error", "数值累加误差"), T("float64 / float32 reference on the same input", "同输入的 FP64 / FP32 参考")]].map((r) => r.map(tr)), { id: "quality-table", text: true }));
+      } else {
+        view.append(table([tr(T("mixer", "混合器")), tr(T("state floats / head", "每头状态浮点数")), tr(T("8 pairs", "8 对")), tr(T("12 pairs", "12 对"))],
+          m.mqar.map((r) => [r.mixer, r.state_floats ? bytes(r.state_floats) : tr(T("KV cache", "KV 缓存")), Math.round(100 * r["acc_all@8"]) + "%", Math.round(100 * r["acc_all@12"]) + "%"]), { id: "mqar-table" }),
+        h("p", { class: "muted" }, ui("source") + m.mqar_file + tr(T(" (mean of 3 seeds)", "（3 个种子的平均）"))));
+      }
+    };
   } });
 
 const EXERCISES = [
-  { q: T("Same three tokens as the running example (φ(k) = [1,0], [0,1], [1,1]; v = 2, 4, 3), but the query is φ(q) = [1, 2]. What is y?", "与贯穿例子相同的三个词元（φ(k) = [1,0]、[0,1]、[1,1]；v = 2、4、3），但查询为 φ(q) = [1, 2]。y 是多少？"),
-    spec: { rule: "accumulate", q: [1, 2], k: [[1, 0], [0, 1], [1, 1]], v: [[2], [4], [3]], eps: 0, eps_mode: "add" } },
-  { q: T("Gated, features 1, α = 0.5 every step, values 2, 4, 8 and a fourth token with v = 16. What is y after the fourth token?", "门控，特征为 1，每步 α = 0.5，值为 2、4、8，再加第四个词元 v = 16。第四个词元之后 y 是多少？"),
-    spec: { rule: "gated", q: [1], k: [[1], [1], [1], [1]], v: [[2], [4], [8], [16]], alpha: [0.5, 0.5, 0.5, 0.5], eps: 0, eps_mode: "add" } },
-  { q: T("Delta rule, unit key, v = 5, β = 1.5, S starting at 0. What is S after three writes (and is it converging)?", "Delta 规则，单位键，v = 5，β = 1.5，S 从 0 开始。三次写入后 S 是多少（是否收敛）？"),
-    spec: { rule: "delta", q: [1], k: [[1], [1], [1]], v: [[5], [5], [5]], beta: [1.5, 1.5, 1.5] } },
+  { title: T("Exercise 1: the 2-d output without per-token weights", "练习 1：不看逐项权重，算出二维输出"),
+    q: T("k̃₁ = [1, 0], v₁ = [2, 1]; k̃₂ = [0, 1], v₂ = [4, 3]; k̃₃ = [1, 1], v₃ = [3, 2]. Find S and z, then read y with q̃ = [2, 1]. Enter y's two entries.",
+      "k̃₁=[1,0]，v₁=[2,1]；k̃₂=[0,1]，v₂=[4,3]；k̃₃=[1,1]，v₃=[3,2]。求 S、z，再用 q̃=[2,1] 读出 y。填入 y 的两个分量。"),
+    labels: ["y₁", "y₂"],
+    solution: (e) => [T("The first two tokens give S = [[2, 1], [4, 3]]; the third outer product is [[3, 2], [3, 2]], so S = " + mat(e.S) + " and z = " + vec(e.z) + ".",
+      "前两项 S = [[2, 1], [4, 3]]，第三个外积为 [[3, 2], [3, 2]]；所以 S = " + mat(e.S) + "，z = " + vec(e.z) + "。"),
+    T("Numerator [2, 1]S = " + vec(e.num) + ", denominator [2, 1]·" + vec(e.z) + " = " + fmt(e.den) + ": y = [17/6, 11/6] ≈ " + vec(e.answers, 4) + ".",
+      "分子 [2, 1]S = " + vec(e.num) + "，分母 [2, 1]·" + vec(e.z) + " = " + fmt(e.den) + "：y = [17/6, 11/6] ≈ " + vec(e.answers, 4) + "。")] },
+  { title: T("Exercise 2: how much weight is left on an old token?", "练习 2：门控后的旧词元还剩多少权重？"),
+    q: T("Three tokens, every 1-d feature 1, values [2, 4, 8]; α₂ = 0.5, α₃ = 0.25; S and z start at 0. What is the final output?",
+      "三个词元的一维特征都为 1，values = [2, 4, 8]。α₂ = 0.5、α₃ = 0.25；S/z 从 0 开始。求最终输出。"),
+    labels: ["y"],
+    solution: (e) => [T("The unnormalized history coefficients are [α₂α₃, α₃, 1] = " + vec(e.coeffs) + ".", "三个词元的未归一化历史系数为 [α₂α₃, α₃, 1] = " + vec(e.coeffs) + "。"),
+      T("Numerator 0.125×2 + 0.25×4 + 8 = " + fmt(e.num) + "; denominator " + fmt(e.den) + "; y = 9.25/1.375 = 74/11 ≈ " + fmt(e.answers[0], 4) + ".",
+        "分子 = 0.125×2 + 0.25×4 + 8 = " + fmt(e.num) + "；分母 = " + fmt(e.den) + "；输出 = 9.25/1.375 = 74/11 ≈ " + fmt(e.answers[0], 4) + "。")] },
+  { title: T("Exercise 3: does the unit-key result carry over to k = 2?", "练习 3：单位键的结论能直接套到 k = 2 吗？"),
+    q: T("1-d state S = 1, key k = 2, target v = 5, β = 0.5. Find the old prediction, the error, the new S and the new prediction. Why is the prediction not 5 now?",
+      "一维 S = 1，k = 2，目标 v = 5，β = 0.5。先算旧预测、误差、新 S、新预测。为什么这次没有把预测改成 5？"),
+    labels: [T("new S", "新 S"), T("new prediction", "新预测")],
+    solution: (e) => [T("Old prediction kS = " + fmt(e.prediction) + ", error e = " + fmt(e.error) + "; new S = 1 + 0.5×2×3 = " + fmt(e.S) + ", new prediction kS = " + fmt(e.answers[1]) + ": an overshoot.",
+      "旧预测 kS = " + fmt(e.prediction) + "，误差 e = " + fmt(e.error) + "；新 S = 1 + 0.5×2×3 = " + fmt(e.S) + "，新预测 kS = " + fmt(e.answers[1]) + "，发生过冲。"),
+    T("The effective rate βk² = 2 turns the error 3 into −3. With β = 1/k² = " + fmt(e.fixed_beta) + ": S′ = " + fmt(e.fixed_S) + ", prediction " + fmt(e.fixed_prediction) + ". The key's norm must enter the analysis.",
+      "有效修正率 βk² = 2，误差从 3 变为 −3。若 β = 1/k² = " + fmt(e.fixed_beta) + "，则 S′ = " + fmt(e.fixed_S) + "、预测 = " + fmt(e.fixed_prediction) + "；key 的范数必须进入分析。")] },
 ];
-scene({ id: "exercises", title: T("Exercises", "练习"),
-  text: EXERCISES.map((e, i) => T("Exercise " + (i + 1) + ". " + e.q.en, "练习 " + (i + 1) + "。" + e.q.zh)),
+scene({ id: "exercises", title: T("Exercises", "练习"), oneAtATime: true,
+  text: EXERCISES.map((e) => T(e.title.en + " " + e.q.en, e.title.zh + " " + e.q.zh)),
   build(root) {
     const view = h("div", {});
     root.append(view);
     return (sub) => {
-      const e = EXERCISES[sub], res = run(e.spec), t = e.spec.k.length - 1;
-      const answer = h("div", { class: "answer", id: "answer", hidden: true },
-        "y = " + fmt(res.y[t][0], 6) + (res.z ? "  (" + ui("num") + " " + fmt(res.S[t].reduce((acc, row, i) => acc + row[0] * (Array.isArray(e.spec.q[0]) ? e.spec.q[t][i] : e.spec.q[i]), 0), 6) + ", " + ui("den") + " " + fmt(res.z[t].reduce((acc, x, i) => acc + x * e.spec.q[i], 0), 6) + ")" : "  (S: " + res.S.map((S) => fmt(S[0][0])).join(" → ") + ")"));
-      const button = h("button", { type: "button", id: "reveal", onclick: () => { answer.hidden = !answer.hidden; button.textContent = answer.hidden ? ui("show") : ui("hide"); } }, ui("show"));
-      view.replaceChildren(button, answer);
+      const ex = EXERCISES[sub], e = DATA.exercises[sub];
+      const inputs = ex.labels.map((l, i) => h("input", { type: "text", inputmode: "decimal", id: "ex-answer-" + i, "aria-label": tr(l), autocomplete: "off" }));
+      const verdict = h("div", { id: "ex-verdict", role: "status" });
+      const check = () => {
+        const got = inputs.map((inp) => parseNumber(inp.value));
+        if (got.some((x) => Number.isNaN(x))) { verdict.className = "verdict"; verdict.textContent = ui("blank"); return; }
+        const ok = got.every((x, i) => close(x, e.answers[i]));
+        verdict.className = "verdict " + (ok ? "right" : "wrong");
+        verdict.textContent = ok ? ui("right") : ui("wrong");
+        inputs.forEach((inp, i) => inp.classList.toggle("bad", !close(got[i], e.answers[i])));
+        anim(verdict, [{ transform: "scale(0.9)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 350 });
+      };
+      inputs.forEach((inp) => inp.addEventListener("keydown", (ev) => { if (ev.key === "Enter") check(); }));
+      put(view, h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: check }, ui("check"))), verdict,
+        h("details", { id: "ex-solution" }, h("summary", {}, ui("show")), ex.solution(e).map((p) => h("p", {}, fx(tr(p))))),
+        h("p", { class: "muted" }, tr(T("Write down the assumptions and units first, then substitute the numbers.", "先写出假设和单位，再代入数字。"))));
     };
   } });
 
+scene({ id: "lab", title: T("Hands-on: three orders of computation, one output", "动手实验：三种计算顺序，应该给出同一个输出"),
+  text: [T("Run a checkable reference on your CPU with NumPy; the sizes are small so that every intermediate tensor can be printed. Then try: change the chunk size (--chunk-size N) and confirm that chunk boundaries do not change the meaning; and compare ELU+1 linear attention with a softmax reference: the lab prints how far apart they are, and why that is expected. Timings here say nothing about GPU kernels: this lab checks correctness and cost, not speed.",
+    "用 NumPy 在 CPU 上运行一个可检查的参考实现；尺寸很小，便于打印每个中间张量。然后试试：改变块大小（--chunk-size N），确认块边界不改变语义；再把 ELU+1 线性注意力与 softmax 参考比较：lab 会打印二者相差多少，以及为什么这是预期的。这里的耗时不代表 GPU kernel 的性能：这个实验检查的是正确性与成本，而不是速度。")],
+  build(root) {
+    const d = DATA.lab;
+    const pre = h("pre", { id: "lab-commands" }, "python3 -m pip install numpy\npython3 lab.py\npython3 lab.py --seed 7\npython3 lab.py --chunk-size 3");
+    const out = h("pre", { id: "lab-output" }, d.checks.map((c) => h("span", { class: "codeline" }, c + ": ", h("span", { class: "pass" }, "PASS"), "\n")));
+    root.append(pre, out, h("p", {}, h("a", { id: "lab-download-2", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"))),
+      h("p", { class: "muted" }, tr(T("Default chunk sizes of the chunk check: ", "分块检查默认的块大小：")) + d.chunk_sizes.join(", ")));
+    return () => out.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0, transform: "translateX(-12px)" }, { opacity: 1, transform: "none" }], { duration: 350, delay: 150 * i }));
+  } });
+
 scene({ id: "playground", title: T("Playground", "试验场"),
-  text: [T("Edit the tokens (features φ(k), φ(q), values), the rule, the gates α, the write strengths β, ε and its mode. S, z and y after every token are recomputed by the page's engine, the same one the exercises use and the tests compare with linattn's float64 reference.",
-    "编辑词元（特征 φ(k)、φ(q)、值）、规则、门控 α、写入强度 β、ε 及其模式。每个词元之后的 S、z 和 y 都由页面的计算引擎重新计算；练习用的是同一个引擎，测试会把它与 linattn 的 float64 参考实现对比。")],
+  text: [T("Edit the tokens (features φ(k), φ(q), values), the rule, the gates α and the write strengths β; for accumulate and gated also ε and its mode. S, z and y after every token are recomputed by the page's engine, the one the tests compare with linattn's float64 reference.",
+    "编辑词元（特征 φ(k)、φ(q)、值）、规则、门控 α、写入强度 β；累加与门控规则还可以调 ε 及其模式。每个词元之后的 S、z 和 y 都由页面的计算引擎重算；测试会把这个引擎与 linattn 的 float64 参考实现对比。")],
   build(root) {
     const st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", normalize: true, toks: [
       { k: [1, 0], v: [2, 1], q: [2, 1], a: 0.5, b: 0.5 }, { k: [0, 1], v: [4, 3], q: [2, 1], a: 0.5, b: 0.5 }, { k: [1, 1], v: [3, 5], q: [2, 1], a: 0.5, b: 0.5 }] };
-    const controls = h("div", {}), table = h("div", {}), out = h("div", {});
-    root.append(controls, table, out);
-    const num = (get, set, id, step) => h("input", { type: "number", step: step || "any", value: get(), id, oninput: (e) => { const x = Number(e.target.value); if (e.target.value !== "" && isFinite(x)) { set(x); compute(); } } });
-    const sel = (id, opts, get, set) => h("select", { id, onchange: (e) => { set(e.target.value); drawTable(); compute(); } }, opts.map((o) => h("option", { value: o, selected: String(get()) === String(o) }, o)));
-    controls.append(h("label", {}, "rule ", sel("pg-rule", ["accumulate", "gated", "delta", "gated_delta"], () => st.rule, (x) => { st.rule = x; })),
-      h("label", {}, "dv ", sel("pg-dv", [1, 2], () => st.dv, (x) => { st.dv = Number(x); })),
-      h("label", {}, "ε ", num(() => st.eps, (x) => { st.eps = Math.max(0, x); }, "pg-eps")),
-      h("label", {}, "ε mode ", sel("pg-mode", ["add", "clamp"], () => st.eps_mode, (x) => { st.eps_mode = x; })),
-      h("label", {}, h("input", { type: "checkbox", id: "pg-norm", checked: true, onchange: (e) => { st.normalize = e.target.checked; compute(); } }), " z"),
-      h("button", { type: "button", id: "pg-add", onclick: () => { if (st.toks.length < 5) { st.toks.push({ k: [1, 1], v: [1, 1], q: [2, 1], a: 0.5, b: 0.5 }); drawTable(); compute(); } } }, "+ " + ui("token")),
-      h("button", { type: "button", id: "pg-remove", onclick: () => { if (st.toks.length > 1) { st.toks.pop(); drawTable(); compute(); } } }, "− " + ui("token")));
+    const controls = h("div", { class: "controls" }), tbl = h("div", {}), out = h("div", {});
+    root.append(controls, tbl, out);
+    const num = (get, set, id, step) => h("input", { type: "number", step: step || "any", value: get(), id, oninput: (e) => {
+      const x = Number(e.target.value), ok = e.target.value !== "" && Number.isFinite(x);
+      e.target.classList.toggle("bad", !ok);  // an empty field keeps the last number, and says so
+      if (ok) { set(x); compute(); }
+    } });
+    const sel = (id, opts, get, set) => h("select", { id, onchange: (e) => { set(e.target.value); drawAll(); } }, opts.map((o) => h("option", { value: o, selected: String(get()) === String(o) }, o)));
+    const drawControls = () => {
+      const delta = st.rule.endsWith("delta");
+      put(controls, h("label", { class: "control" }, tr(T("rule ", "规则 ")), sel("pg-rule", ["accumulate", "gated", "delta", "gated_delta"], () => st.rule, (x) => { st.rule = x; })),
+        h("label", { class: "control" }, "dv ", sel("pg-dv", [1, 2], () => st.dv, (x) => { st.dv = Number(x); })),
+        delta ? null : h("label", { class: "control" }, "ε ", num(() => st.eps, (x) => { st.eps = Math.max(0, x); }, "pg-eps")),
+        delta ? null : h("label", { class: "control" }, tr(T("ε mode ", "ε 模式 ")), sel("pg-mode", ["add", "clamp"], () => st.eps_mode, (x) => { st.eps_mode = x; })),
+        delta ? null : h("label", { class: "control" }, h("input", { type: "checkbox", id: "pg-norm", checked: st.normalize, onchange: (e) => { st.normalize = e.target.checked; compute(); } }), tr(T(" divide by z", " 除以 z"))),
+        h("button", { type: "button", id: "pg-add", onclick: () => { if (st.toks.length < 5) { st.toks.push({ k: [1, 1], v: [1, 1], q: [2, 1], a: 0.5, b: 0.5 }); drawAll(); } } }, "+ " + ui("token")),
+        h("button", { type: "button", id: "pg-remove", onclick: () => { if (st.toks.length > 1) { st.toks.pop(); drawAll(); } } }, "− " + ui("token")));
+    };
     const drawTable = () => {
       const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
       const head = ["", "φ(k)₁", "φ(k)₂", "v₁"].concat(st.dv === 2 ? ["v₂"] : [], ["φ(q)₁", "φ(q)₂"], gated ? ["α"] : [], delta ? ["β"] : []);
-      table.replaceChildren(h("table", { class: "data" }, h("tr", {}, head.map((x) => h("th", {}, x))), st.toks.map((tk, t) => h("tr", {}, h("td", {}, t + 1),
+      put(tbl, scroll(h("table", { class: "data inputs" }, h("tr", {}, head.map((x) => h("th", {}, fx(x)))), st.toks.map((tk, t) => h("tr", {}, h("td", {}, t + 1),
         [0, 1].map((i) => h("td", {}, num(() => tk.k[i], (x) => { tk.k[i] = x; }, "pg-k" + t + i))),
         (st.dv === 2 ? [0, 1] : [0]).map((j) => h("td", {}, num(() => tk.v[j], (x) => { tk.v[j] = x; }, "pg-v" + t + j))),
         [0, 1].map((i) => h("td", {}, num(() => tk.q[i], (x) => { tk.q[i] = x; }, "pg-q" + t + i))),
         gated ? h("td", {}, num(() => tk.a, (x) => { tk.a = Math.min(1, Math.max(0, x)); }, "pg-a" + t, "0.05")) : null,
-        delta ? h("td", {}, num(() => tk.b, (x) => { tk.b = x; }, "pg-b" + t, "0.05")) : null))));
+        delta ? h("td", {}, num(() => tk.b, (x) => { tk.b = x; }, "pg-b" + t, "0.05")) : null)))));
     };
     const compute = () => {
-      const spec = { rule: st.rule, q: st.toks.map((t) => t.q.slice()), k: st.toks.map((t) => t.k.slice()), v: st.toks.map((t) => t.v.slice(0, st.dv)),
-        alpha: st.toks.map((t) => t.a), beta: st.toks.map((t) => t.b), eps: st.eps, eps_mode: st.eps_mode,
-        normalize: st.normalize && !st.rule.endsWith("delta") };  // the delta rules keep no z
+      const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
+      const spec = { rule: st.rule, q: st.toks.map((t) => t.q.slice()), k: st.toks.map((t) => t.k.slice()), v: st.toks.map((t) => t.v.slice(0, st.dv)) };
+      if (gated) spec.alpha = st.toks.map((t) => t.a);
+      if (delta) spec.beta = st.toks.map((t) => t.b);
+      else Object.assign(spec, { eps: st.eps, eps_mode: st.eps_mode, normalize: st.normalize });
       try {
         const res = run(spec);
-        out.replaceChildren(h("div", { class: "row", id: "pg-out" }, res.S.map((S, t) => box(ui("token") + " " + (t + 1), grid(S), res.z ? h("div", {}, "z = " + vec(res.z[t])) : null, h("div", { class: "big" }, "y = " + vec(res.y[t]))))));
+        put(out, h("div", { class: "row", id: "pg-out" }, res.S.map((S, t) => box(ui("token") + " " + (t + 1), grid(S, { sym: "S" }), res.z ? h("div", {}, fx("z = " + vec(res.z[t]))) : null, h("div", { class: "big" }, "y = " + vec(res.y[t]))))));
       } catch (err) {
-        out.replaceChildren(h("p", { class: "error" }, err.message));
+        put(out, h("p", { class: "error" }, err.message));
       }
     };
-    drawTable(); compute();
-    return () => {};
+    const drawAll = () => { drawControls(); drawTable(); compute(); };
+    drawAll();
+    return () => enter(out, 0);
+  } });
+
+scene({ id: "references", title: T("References and further reading", "参考与延伸阅读"),
+  text: [T("Where each idea on these pages comes from, and what to read next: the KV cache and sparse attention on the softmax side, the hybrids that mix both, and the papers behind each update rule.",
+    "本页各个想法的出处，以及接下来可以读什么：softmax 一侧的 KV 缓存与稀疏注意力，混合两者的架构，以及每条更新规则背后的论文。")],
+  build(root) {
+    const refs = [
+      [T("Linear attention (accumulate)", "线性注意力（累加）"), "Katharopoulos et al., Transformers are RNNs: fast autoregressive transformers with linear attention, ICML 2020 (arXiv:2006.16236)"],
+      [T("Gates", "门控"), "Sun et al., Retentive Network, 2023 (arXiv:2307.08621); Yang et al., Gated Linear Attention Transformers with hardware-efficient training, ICML 2024 (arXiv:2312.06635)"],
+      [T("Delta rule", "Delta 规则"), "Schlag, Irie, Schmidhuber, Linear Transformers are secretly fast weight programmers, ICML 2021 (arXiv:2102.11174); Yang et al., Parallelizing linear transformers with the delta rule over sequence length, NeurIPS 2024 (arXiv:2406.06484)"],
+      [T("Gated delta rule", "门控 delta 规则"), "Yang, Kautz, Hatamizadeh, Gated Delta Networks, ICLR 2025 (arXiv:2412.06464)"],
+      [T("Hybrids", "混合架构"), "Kimi Linear (Moonshot AI, 2025, arXiv:2510.26692); Qwen3-Next (Qwen team, 2025): gated DeltaNet layers with full-attention layers"],
+      [T("KV cache", "KV 缓存"), "Kwon et al., Efficient memory management for LLM serving with PagedAttention, SOSP 2023 (arXiv:2309.06180)"],
+      [T("Sparse attention", "稀疏注意力"), "Beltagy et al., Longformer, 2020 (arXiv:2004.05150); Yuan et al., Native Sparse Attention, 2025 (arXiv:2502.11089)"],
+      [T("Softmax IO", "softmax 的访存"), "Dao et al., FlashAttention, NeurIPS 2022 (arXiv:2205.14135)"],
+    ];
+    const list = h("dl", { class: "refs" }, refs.map(([t, r]) => [h("dt", {}, tr(t)), h("dd", {}, r)]));
+    root.append(list, h("p", { class: "muted" }, tr(T("In this repository: docs/mechanism.md (the mechanism with the same worked numbers) and docs/explainer.md (this page).", "本仓库中：docs/mechanism.md（同样的算例讲机制）与 docs/explainer.md（本页说明）。"))));
+    return () => list.querySelectorAll("dt").forEach((el, i) => enter(el, 60 * i));
   } });
