@@ -30,8 +30,8 @@ import torch
 
 import linattn
 from linattn import kernels
+from linattn.checks import check_cu_seqlens
 from linattn.nn import LinearAttention, causal_conv
-from linattn.packing import check_cu_seqlens
 from linattn.state import State
 
 # Models whose modeling file defines the same two functions (checked against transformers 5.24).
