@@ -666,6 +666,32 @@ _LOCK = threading.Lock()
 PARALLEL_MIN_WORK = 1 << 17
 
 
+# A decode step (one token) runs serial at every size measured on the 2-core AMD EPYC (Zen 3): up to 16
+# sequences of the Qwen3-Next geometry (32 MiB of state) the parallel token loop was slower at 2 threads than
+# the serial one-token kernel at 1 (scripts/cpu_kernels_bench.py prints both per size, and the smallest size
+# where parallel wins, if any). Set this to that size (state entries B*H*Dk*Dw) on a machine where it pays.
+DECODE_PARALLEL_MIN_WORK = 1 << 62
+
+
+def decode_parallel_threshold(threads: int) -> int:
+    """State entries (B*H*Dk*Dw) from which a decode step splits its heads over ``threads`` threads; below it
+    the step runs serial, which makes a step never slower with more threads than with one."""
+    return DECODE_PARALLEL_MIN_WORK if threads > 1 else 1 << 62
+
+
+# Rules whose "auto" prefill takes the compiled token loop at more than one thread. The delta rules' torch form
+# is a sequential WY chunk solve that the token loop beats at every thread count measured; accumulate and gated
+# have a matmul chunk form that gains more from a second thread than the token loop did before its heads were
+# split in blocks (scripts/cpu_kernels_bench.py prints "auto" against "torch" per rule and thread count).
+COMPILED_RULES_MULTITHREAD: tuple[str, ...] = ("accumulate", "gated", "delta", "gated_delta")
+
+
+def prefers_compiled(rule: str, B: int, T: int, H: int, D: int, threads: int) -> bool:
+    """Whether "auto" should run this prefill (``B`` sequences of ``T`` tokens, ``H`` value heads of width ``D``)
+    on the compiled token loop rather than the torch chunk form, at ``threads`` threads."""
+    return threads <= 1 or rule in COMPILED_RULES_MULTITHREAD
+
+
 def _threads(work: int, pairs: int) -> int:
     """Threads for a call sweeping ``work`` state entries over ``pairs`` (sequence, head) pairs: torch's count,
     or 1 when the job is too small to pay for waking the pool."""
@@ -691,7 +717,11 @@ def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normal
     g = _DUMMY4 if g is None else g
     beta = _DUMMY3 if beta is None else beta
     args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
-    _launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H))
+    work = B * H * T * S.shape[2] * S.shape[3]
+    threads = _threads(work, B * H)
+    if T == 1 and work < decode_parallel_threshold(threads):
+        threads = 1
+    _launch(token_loop_parallel, token_loop_serial, args, threads)
 
 
 def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
