@@ -328,3 +328,29 @@ def test_prefill_cols_spreads_few_heads_and_keeps_many_whole():
     assert cpu_numba.prefill_cols(32, 128, 2) == 128
     assert cpu_numba.prefill_cols(1, 128, 2) == 32 and cpu_numba.prefill_cols(2, 64, 2) == 32
     assert cpu_numba.prefill_cols(1, 7, 2) == 7
+
+
+def test_auto_asks_prefers_compiled_with_the_thread_count(monkeypatch):
+    """"auto" runs the torch chunk form where prefers_compiled says so (for this rule and thread count); "cpu"
+    still runs the compiled loop; both right."""
+    from linattn.kernels import cpu_numba
+
+    asked, ran = [], []
+    monkeypatch.setattr(cpu_numba, "prefers_compiled", lambda *a: asked.append(a) or False)
+    real = cpu_numba.prefill
+    monkeypatch.setattr(cpu_numba, "prefill", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    q, k, v, kw = make("gated", "head", B=2, T=19, Hq=2, group=2, Dk=5, Dv=4)
+    ref = reference_call(q, k, v, **kw)
+    o_auto, _ = linattn.linear_attention(q, k, v, **kw)
+    assert ran == [] and asked == [("gated", 2, 19, 4, 4, torch.get_num_threads())]
+    o_cpu, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)
+    assert ran == [1]
+    assert rel_err(o_auto, ref[0]) < 2e-4 and rel_err(o_cpu, ref[0]) < 2e-4
+
+
+def test_prefers_compiled_takes_the_loop_on_one_thread():
+    from linattn.kernels import cpu_numba
+
+    for rule in ("accumulate", "gated", "delta", "gated_delta"):
+        assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 1)
+        assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 2) == (rule in cpu_numba.COMPILED_RULES_MULTITHREAD)
