@@ -396,25 +396,25 @@ def _launches(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("strided", [False, True], ids=["plain", "strided"])
-def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, strided):
-    """A large batch step with two threads runs the serial kernel (the parallel token loop was measured slower
-    than one thread at every decode size): the plain case on the one-call kernel, any other case (here a
-    strided q) on the serial token loop; both right against the reference."""
+@pytest.mark.parametrize("rule,gate,fmap", [("gated", "head", "elu1"), ("gated_delta", "channel", "l2")],
+                         ids=["plain", "full-path"])
+def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate, fmap):
+    """A large batch step with two threads runs serially (the parallel token loop was measured slower than one
+    thread at every decode size): the plain case on the one-call kernel, another case (per-channel gates on a
+    delta rule) on the serial token loop; both right against the reference."""
     launched = _launches(monkeypatch)
-    q, k, v, kw = inputs("gated", B=64, T=4, H=8, D=16, Dv=16)  # 64*8*16*17 state entries: above the old bar
+    q, k, v, kw = inputs(rule, gate=gate, B=64, T=4, H=8, D=16, Dv=16)  # 64*8*16*17 entries: above the old bar
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        o, state = decode(q if not strided else q.transpose(0, 1).contiguous().transpose(0, 1), k, v, kw,
-                          rule="gated", feature_map="elu1")
+        o, state = decode(q, k, v, kw, rule=rule, feature_map=fmap)
     finally:
         torch.set_num_threads(threads)
-    check_against_reference(q, k, v, kw, o, state, rule="gated", feature_map="elu1")
-    if strided:
-        assert calls == [] and launched[-1] == 1
-    else:
+    check_against_reference(q, k, v, kw, o, state, rule=rule, feature_map=fmap)
+    if rule == "gated":
         assert len(calls) == 1 and len(launched) == 1  # the prefill launched; the step took the one-call kernel
+    else:
+        assert calls == [] and len(launched) == 2 and launched[-1] == 1
 
 
 def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):

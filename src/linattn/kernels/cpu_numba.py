@@ -692,11 +692,12 @@ def prefers_compiled(rule: str, B: int, T: int, H: int, D: int, threads: int) ->
     return threads <= 1 or rule in COMPILED_RULES_MULTITHREAD
 
 
-def _threads(work: int, pairs: int) -> int:
+def _threads(work: int, pairs: int, decode: bool = False) -> int:
     """Threads for a call sweeping ``work`` state entries over ``pairs`` (sequence, head) pairs: torch's count,
-    or 1 when the job is too small to pay for waking the pool."""
+    or 1 when the job is too small to pay for waking the pool (for a decode step: below the decode threshold)."""
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    return threads if threads > 1 and pairs > 1 and work >= PARALLEL_MIN_WORK else 1
+    bar = decode_parallel_threshold(threads) if decode else PARALLEL_MIN_WORK
+    return threads if threads > 1 and pairs > 1 and work >= bar else 1
 
 
 def _launch(parallel, serial, args, threads: int) -> None:
@@ -717,11 +718,7 @@ def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normal
     g = _DUMMY4 if g is None else g
     beta = _DUMMY3 if beta is None else beta
     args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
-    work = B * H * T * S.shape[2] * S.shape[3]
-    threads = _threads(work, B * H)
-    if T == 1 and work < decode_parallel_threshold(threads):
-        threads = 1
-    _launch(token_loop_parallel, token_loop_serial, args, threads)
+    _launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H, T == 1))
 
 
 def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
