@@ -666,10 +666,10 @@ _LOCK = threading.Lock()
 PARALLEL_MIN_WORK = 1 << 17
 
 
-# A decode step (one token) runs serial at every size measured on the 2-core AMD EPYC (Zen 3): up to 16
-# sequences of the Qwen3-Next geometry (32 MiB of state) the parallel token loop was slower at 2 threads than
-# the serial one-token kernel at 1 (scripts/cpu_kernels_bench.py prints both per size, and the smallest size
-# where parallel wins, if any). Set this to that size (state entries B*H*Dk*Dw) on a machine where it pays.
+# A decode step (one token) runs serial unless its state has this many entries (B*H*Dk*Dw). On the 2-core AMD
+# EPYC (loaded) the parallel token loop at 2 threads was 4-5x slower than the serial kernel at batch 1 and mixed
+# at 4-16 sequences of the Qwen3-Next geometry; scripts/cpu_kernels_bench.py times both per size: set this to
+# the smallest size where the parallel step wins in a quiet run.
 DECODE_PARALLEL_MIN_WORK = 1 << 62
 
 
@@ -679,10 +679,11 @@ def decode_parallel_threshold(threads: int) -> int:
     return DECODE_PARALLEL_MIN_WORK if threads > 1 else 1 << 62
 
 
-# Rules whose "auto" prefill takes the compiled token loop at more than one thread. The delta rules' torch form
-# is a sequential WY chunk solve that the token loop beats at every thread count measured; accumulate and gated
-# have a matmul chunk form that gains more from a second thread than the token loop did before its heads were
-# split in blocks (scripts/cpu_kernels_bench.py prints "auto" against "torch" per rule and thread count).
+# Rules whose "auto" prefill takes the compiled token loop at more than one thread (at one it always does). The
+# delta rules' torch form is a sequential chunk solve that the loop beats at every thread count measured. For
+# accumulate and gated the torch chunk form is matmuls and doubles with a second thread; the loop with prefetch
+# beat it at 2 threads in a loaded run of scripts/cpu_kernels_bench.py, which prints "auto" against "torch" per
+# rule and thread count: drop a rule here where a quiet run shows auto_over_torch_2t above 1.
 COMPILED_RULES_MULTITHREAD: tuple[str, ...] = ("accumulate", "gated", "delta", "gated_delta")
 
 
