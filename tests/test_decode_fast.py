@@ -380,19 +380,66 @@ def test_a_state_not_in_linattn_layout_takes_the_full_path(calls):
     assert calls == []
 
 
-def test_empty_heads_and_batch_decode_on_threads_take_the_full_path(calls):
+def test_empty_heads_take_the_full_path(calls):
     tok, state, opts = _token_state(rule="accumulate")
     with pytest.raises(ValueError, match="no empty dimension"):
         linattn.step(tok["q"], tok["k"], tok["v"][:, :0], state, **opts)
-    q, k, v, _ = inputs("accumulate", B=64, T=2, H=8, D=16, Dv=16)  # 64*8*16*17 state entries: above the bar
-    _, state = linattn.linear_attention(q[:, :1], k[:, :1], v[:, :1], output_final_state=True)
+    assert calls == []
+
+
+def _launches(monkeypatch):
+    from linattn.kernels import cpu_numba
+
+    seen = []
+    real = cpu_numba._launch
+    monkeypatch.setattr(cpu_numba, "_launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
+    return seen
+
+
+@pytest.mark.parametrize("rule,gate,fmap", [("gated", "head", "elu1"), ("gated_delta", "channel", "l2")],
+                         ids=["plain", "full-path"])
+def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate, fmap):
+    """A large batch step with two threads runs serially (the parallel token loop was measured slower than one
+    thread at every decode size): the plain case on the one-call kernel, another case (per-channel gates on a
+    delta rule) on the serial token loop; both right against the reference."""
+    launched = _launches(monkeypatch)
+    q, k, v, kw = inputs(rule, gate=gate, B=64, T=4, H=8, D=16, Dv=16)  # 64*8*16*17 entries: above the old bar
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        linattn.step(q[:, 1].contiguous(), k[:, 1].contiguous(), v[:, 1].contiguous(), state, inplace=True)
+        o, state = decode(q, k, v, kw, rule=rule, feature_map=fmap)
     finally:
         torch.set_num_threads(threads)
-    assert calls == []
+    check_against_reference(q, k, v, kw, o, state, rule=rule, feature_map=fmap)
+    if rule == "gated":
+        assert len(calls) == 1 and len(launched) == 1  # the prefill launched; the step took the one-call kernel
+    else:
+        assert calls == [] and len(launched) == 2 and launched[-1] == 1
+
+
+def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
+    """With the threshold set to 0 (a machine where the parallel step pays) the step takes the parallel token
+    loop on two threads and stays right."""
+    import numba
+
+    from linattn.kernels import cpu_numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    monkeypatch.setattr(cpu_numba, "DECODE_PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 0)
+    launched = _launches(monkeypatch)
+    q, k, v, kw = inputs("gated_delta", B=3, T=6, H=4, D=9, Dv=5)
+    k = F.normalize(k, dim=-1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        o, state = decode(q, k, v, kw, rule="gated_delta")
+    finally:
+        torch.set_num_threads(threads)
+    check_against_reference(q, k, v, kw, o, state, rule="gated_delta")
+    assert calls == [] and launched[1:] == [2, 2, 2]
+    assert cpu_numba.decode_parallel_threshold(1) > 1 << 60  # one thread: always serial
 
 
 @pytest.mark.parametrize("D", [64, 128])  # the widths the kernel compiles with constant row lengths

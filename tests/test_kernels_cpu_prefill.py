@@ -271,3 +271,87 @@ def test_compiled_backward_steps_aside_for_torch_func_and_learnable_maps():
         grads[backend] = lin.weight.grad.clone()
     for backend in ("auto", "cpu"):
         assert rel_err(grads[backend], grads["torch"]) < 1e-5, backend
+
+
+# ------------------------------------------------------------------------- head widths and work units
+@pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
+@pytest.mark.parametrize("D", [64, 128])
+def test_prefill_head_widths_with_compiled_in_rows(rule, gate, normalize, D):
+    """Dk = 64 and 128 run four value rows per sweep with the width compiled in (Dv = D + 3 leaves rows for the
+    pair and single-row paths, and the normalizer row joins the last group), with grouped heads and packed
+    sequences; against the float64 reference."""
+    q, k, v, kw = make(rule, gate, B=1, T=41, Hq=2, group=2, Dk=D, Dv=D + 3)
+    init = initial(1, 4, D, D + 3, normalize)
+    args = dict(kw, normalize=normalize, initial_state=init)
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+    check(o, S, reference_call(q, k, v, **args), 2e-4)
+    # packed: three sequences with their own states, one of length 0
+    packed_args = dict(args, initial_state=initial(3, 4, D, D + 3, normalize, seed=5),
+                       cu_seqlens=torch.tensor([0, 17, 17, 41], dtype=torch.int32))
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **packed_args)
+    check(o, S, reference_call(q, k, v, **packed_args), 2e-4)
+
+
+@pytest.mark.parametrize("rule,gate,normalize", [VARIANTS[1], VARIANTS[2], VARIANTS[3], VARIANTS[6], VARIANTS[7]])
+@pytest.mark.parametrize("D", [64, 9])
+def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normalize, D):
+    """The value rows split into blocks (each run through the whole sequence on its own) and over threads give
+    the float64 reference for every block size, with checkpoints for the backward taken per block."""
+    import numba
+
+    from linattn.kernels import cpu_numba
+
+    q, k, v, kw = make(rule, gate, B=2, T=29, Hq=1, group=3, Dk=D, Dv=D + 1)
+    args = dict(kw, normalize=normalize, initial_state=initial(2, 3, D, D + 1, normalize))
+    ref = reference_call(q, k, v, **args)
+    threads = (1, 2) if numba.config.NUMBA_NUM_THREADS >= 2 else (1,)
+    before = torch.get_num_threads()
+    seen = []
+    real = cpu_numba.prefill
+    for n_threads in threads:
+        monkeypatch.setattr(cpu_numba, "PARALLEL_MIN_WORK", 0)
+        torch.set_num_threads(n_threads)
+        try:
+            for cols in (1, 4, 16, 32, D + 1):
+                monkeypatch.setattr(cpu_numba, "prefill", lambda *a, c=cols, **kw_: real(*a, **dict(kw_, cols=c)))
+                o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+                check(o, S, ref, 2e-4)
+                seen.append(cols)
+        finally:
+            torch.set_num_threads(before)
+    assert len(seen) == 5 * len(threads)
+
+
+def test_prefill_cols_spreads_few_heads_and_keeps_many_whole():
+    from linattn.kernels import cpu_numba
+
+    assert cpu_numba.prefill_cols(8, 64, 1) == 64 and cpu_numba.prefill_cols(8, 64, 2) == 64
+    assert cpu_numba.prefill_cols(32, 128, 2) == 128
+    assert cpu_numba.prefill_cols(1, 128, 2) == 32 and cpu_numba.prefill_cols(2, 64, 2) == 32
+    assert cpu_numba.prefill_cols(1, 7, 2) == 7
+
+
+def test_auto_asks_prefers_compiled_with_the_thread_count(monkeypatch):
+    """"auto" runs the torch chunk form where prefers_compiled says so (for this rule and thread count); "cpu"
+    still runs the compiled loop; both right."""
+    from linattn.kernels import cpu_numba
+
+    asked, ran = [], []
+    monkeypatch.setattr(cpu_numba, "prefers_compiled", lambda *a: asked.append(a) or False)
+    real = cpu_numba.prefill
+    monkeypatch.setattr(cpu_numba, "prefill", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    q, k, v, kw = make("gated", "head", B=2, T=19, Hq=2, group=2, Dk=5, Dv=4)
+    ref = reference_call(q, k, v, **kw)
+    o_auto, _ = linattn.linear_attention(q, k, v, **kw)
+    assert ran == [] and asked == [("gated", 2, 19, 4, 4, torch.get_num_threads())]
+    o_cpu, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)
+    assert ran == [1]
+    assert rel_err(o_auto, ref[0]) < 2e-4 and rel_err(o_cpu, ref[0]) < 2e-4
+
+
+def test_prefers_compiled_takes_the_loop_on_one_thread():
+    from linattn.kernels import cpu_numba
+
+    for rule in ("accumulate", "gated", "delta", "gated_delta"):
+        assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 1)
+        assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 2) == (rule in cpu_numba.COMPILED_RULES_MULTITHREAD)

@@ -115,7 +115,7 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     elif z is not None:
         return None
     if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
-        return None  # batch decode: the general path splits the heads over threads
+        return None  # past the measured threshold the general path splits the heads over threads
     if inplace:
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None
@@ -265,7 +265,7 @@ class Decoder:
         if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)):
             return None
         if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
-            return None  # batch decode: the general path splits the heads over threads
+            return None  # past the measured threshold the general path splits the heads over threads
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None
         o = torch.empty_like(v)

@@ -98,6 +98,10 @@ def linear_attention(
     auto_ok = form in AUTO_FORMS and (not grad or (rule in AUTO_BACKWARD_RULES and not functorch_active()))
     if not resolve(backend, refusal, auto_ok):
         return None
+    H, Dv = v.shape[-2:]
+    if backend == "auto" and not cpu.load().prefers_compiled(rule, q.shape[0], q.shape[1], H, Dv,
+                                                             torch.get_num_threads()):
+        return None  # measured: the torch chunk form is faster for this rule at this thread count
     return cpu.prefill(q, k, v, g, beta, state, fmap, scale, normalize, eps, eps_mode, grad, cu_seqlens)
 
 

@@ -26,6 +26,10 @@ import types
 import numba
 import numpy as np
 import torch
+from llvmlite import ir
+from numba import types as nbtypes
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
@@ -145,21 +149,178 @@ def _token_loop(q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, del
 token_loop_parallel, token_loop_serial = _builds(_token_loop, _FLAGS)
 
 
-def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
-             ck_start):
+@intrinsic
+def _f32_pointer(typingctx, address):
+    """An integer address as a float32 pointer, for ``numba.carray``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return nbtypes.CPointer(nbtypes.float32)(address), codegen
+
+
+@intrinsic
+def _prefetch(typingctx, address):
+    """Ask for the cache line at an integer address (``llvm.prefetch``: a read, kept in all cache levels)."""
+
+    def codegen(context, builder, signature, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return nbtypes.void(nbtypes.int64), codegen
+
+
+def _prefetch_span(at, nbytes):
+    """Prefetch every 64-byte line of ``nbytes`` bytes from address ``at``."""
+    for off in range(0, nbytes, 64):
+        _prefetch(at + off)
+
+
+_prefetch_span_jit = numba.njit(nogil=True, inline="always")(_prefetch_span)
+# Tokens ahead that a prefill unit prefetches its inputs: with H heads interleaved, a head's rows of q, k, v sit
+# H * D * 4 bytes apart, two per 4 KiB page at H = 8, D = 64, where the hardware prefetchers (which stop at page
+# boundaries) do not follow, and each token then waited on its loads from L3.
+PREFETCH_AHEAD = 6
+
+
+def _quad_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
+    """Four rows of ST at address ``at`` through one delta token: s = a s + k u_j, then o_j = s . q and the next
+    prediction p_j = s . k'. Returns (o0..o3, p0..p3).
+
+    ``vec``: the address of the token's vectors [4, Dk]: gate per key channel, key, query, next key (addresses,
+    not arrays: an array argument costs two atomic reference counts per call, more than the loop at Dk = 64).
+    Called with ``Dk`` and ``mode`` (0: no gate, 1: ``a`` per head, 2: per key channel) as constants, and
+    inlined: LLVM then knows the rows' distance, so the loop vectorizes without runtime alias checks and unrolls
+    (with run-time widths the checks and the reductions around a short loop cost as much as the loop).
+    """
+    S = numba.carray(_f32_pointer(at), (4, Dk))
+    ga = numba.carray(_f32_pointer(vec), (Dk,))
+    ka = numba.carray(_f32_pointer(vec + Dk * 4), (Dk,))
+    qa = numba.carray(_f32_pointer(vec + Dk * 8), (Dk,))
+    kn = numba.carray(_f32_pointer(vec + Dk * 12), (Dk,))
+    o0 = o1 = o2 = o3 = p0 = p1 = p2 = p3 = np.float32(0.0)
+    for i in range(Dk):
+        ki = ka[i]
+        if mode == 2:
+            gi = ga[i]
+            s0, s1, s2, s3 = gi * S[0, i], gi * S[1, i], gi * S[2, i], gi * S[3, i]
+        elif mode == 1:
+            s0, s1, s2, s3 = a * S[0, i], a * S[1, i], a * S[2, i], a * S[3, i]
+        else:
+            s0, s1, s2, s3 = S[0, i], S[1, i], S[2, i], S[3, i]
+        s0 += ki * u0
+        s1 += ki * u1
+        s2 += ki * u2
+        s3 += ki * u3
+        S[0, i] = s0
+        S[1, i] = s1
+        S[2, i] = s2
+        S[3, i] = s3
+        qi, ni = qa[i], kn[i]
+        o0 += qi * s0
+        o1 += qi * s1
+        o2 += qi * s2
+        o3 += qi * s3
+        p0 += ni * s0
+        p1 += ni * s1
+        p2 += ni * s2
+        p3 += ni * s3
+    return o0, o1, o2, o3, p0, p1, p2, p3
+
+
+def _quad_plain(at, vec, Dk, mode, a, w0, w1, w2, w3):
+    """:func:`_quad_delta` without the prediction (gated, accumulate): s = a s + k w_j, o_j = s . q."""
+    S = numba.carray(_f32_pointer(at), (4, Dk))
+    ga = numba.carray(_f32_pointer(vec), (Dk,))
+    ka = numba.carray(_f32_pointer(vec + Dk * 4), (Dk,))
+    qa = numba.carray(_f32_pointer(vec + Dk * 8), (Dk,))
+    o0 = o1 = o2 = o3 = np.float32(0.0)
+    for i in range(Dk):
+        ki = ka[i]
+        if mode == 2:
+            gi = ga[i]
+            s0, s1, s2, s3 = gi * S[0, i], gi * S[1, i], gi * S[2, i], gi * S[3, i]
+        elif mode == 1:
+            s0, s1, s2, s3 = a * S[0, i], a * S[1, i], a * S[2, i], a * S[3, i]
+        else:
+            s0, s1, s2, s3 = S[0, i], S[1, i], S[2, i], S[3, i]
+        s0 += ki * w0
+        s1 += ki * w1
+        s2 += ki * w2
+        s3 += ki * w3
+        S[0, i] = s0
+        S[1, i] = s1
+        S[2, i] = s2
+        S[3, i] = s3
+        qi = qa[i]
+        o0 += qi * s0
+        o1 += qi * s1
+        o2 += qi * s2
+        o3 += qi * s3
+    return o0, o1, o2, o3
+
+
+_INLINE = dict(nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"}, inline="always")
+_quad_delta_jit = numba.njit(**_INLINE)(_quad_delta)
+_quad_plain_jit = numba.njit(**_INLINE)(_quad_plain)
+
+
+def _quads_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
+    """:func:`_quad_delta` with ``Dk`` and ``mode`` as constants for the head widths 64 and 128."""
+    if Dk == 64:
+        if mode == 0:
+            return _quad_delta_jit(at, vec, 64, 0, a, u0, u1, u2, u3)
+        if mode == 1:
+            return _quad_delta_jit(at, vec, 64, 1, a, u0, u1, u2, u3)
+        return _quad_delta_jit(at, vec, 64, 2, a, u0, u1, u2, u3)
+    if mode == 0:
+        return _quad_delta_jit(at, vec, 128, 0, a, u0, u1, u2, u3)
+    if mode == 1:
+        return _quad_delta_jit(at, vec, 128, 1, a, u0, u1, u2, u3)
+    return _quad_delta_jit(at, vec, 128, 2, a, u0, u1, u2, u3)
+
+
+def _quads_plain(at, vec, Dk, mode, a, w0, w1, w2, w3):
+    """:func:`_quad_plain` with ``Dk`` and ``mode`` as constants for the head widths 64 and 128."""
+    if Dk == 64:
+        if mode == 0:
+            return _quad_plain_jit(at, vec, 64, 0, a, w0, w1, w2, w3)
+        if mode == 1:
+            return _quad_plain_jit(at, vec, 64, 1, a, w0, w1, w2, w3)
+        return _quad_plain_jit(at, vec, 64, 2, a, w0, w1, w2, w3)
+    if mode == 0:
+        return _quad_plain_jit(at, vec, 128, 0, a, w0, w1, w2, w3)
+    if mode == 1:
+        return _quad_plain_jit(at, vec, 128, 1, a, w0, w1, w2, w3)
+    return _quad_plain_jit(at, vec, 128, 2, a, w0, w1, w2, w3)
+
+
+_quads_delta_jit = numba.njit(**_INLINE)(_quads_delta)
+_quads_plain_jit = numba.njit(**_INLINE)(_quads_plain)
+
+
+def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
+             ckpt, ck_start, cols):
     """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
 
-    q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq); g [T, H, 1 or Dk]; beta [T, H]; o [T, H, Dv]. Sequence n
-    is tokens ``cu[n] ... cu[n+1] - 1`` and runs from its own state ``ST [N, H, Dw, Dk]`` (updated in place); an
-    unpacked batch is the case ``cu = [0, T, 2T, ...]`` of its flattened rows. A sequence never reads another's
-    tokens, and one of length 0 keeps its state. ``every > 0`` (for the backward) stores the state entering tokens
-    0, every, 2 every, ... of sequence n in ``ckpt[ck_start[n] + c]``.
+    q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq); G [T, H, 1 or Dk] the gates already exponentiated
+    (a = exp(g)); beta [T, H]; o [T, H, Dv]; den [T, H] scratch for the normalizer's read. Sequence n is tokens
+    ``cu[n] ... cu[n+1] - 1`` and runs from its own state ``ST [N, H, Dw, Dk]`` (updated in place); an unpacked
+    batch is the case ``cu = [0, T, 2T, ...]`` of its flattened rows. A sequence never reads another's tokens, and
+    one of length 0 keeps its state. ``every > 0`` (for the backward) stores the state entering tokens 0, every,
+    2 every, ... of sequence n in ``ckpt[ck_start[n] + c]``.
 
-    Each value column of S is a contiguous row of ST, so both reads (S^T k, S^T q) are dot products kept in
-    registers and the write follows on the same row while it is in L1: one load and one store per state entry
-    and token, where the [Dk, Dw] layout also loads and stores the partial read vector. The token's q and k are
-    first copied to local arrays (the vectorizer then needs no alias checks against the state). The dot products
-    need reordered sums (``reassoc``): rounding differs from the torch forms at the 1e-7 level.
+    Row j of ST is value column j of S, and its recurrence needs no other row: u_j = b (v_j - a p_j) with
+    p_j = S[:, j] . k. So the work splits into blocks of ``cols`` rows (the last one also takes the normalizer
+    row), each run through the whole sequence on its own: a block stays in L1 (16 KiB at Dk = 128) and the units
+    (sequence, head, block) spread evenly over threads. Per token one sweep over each row both writes it and reads
+    it: s = a s + k u_j, o_j = s . q, and the next token's prediction p_j = s . k' (k' the next key, times its
+    per-channel gate), so each state entry is loaded and stored once per token. Rows go in pairs (the token's
+    vectors loaded once per two rows). The dot products need reordered sums (``reassoc``): rounding differs from
+    the torch forms at the 1e-7 level.
     """
     N, H, Dw, Dk = ST.shape
     Hq = q.shape[1]
@@ -167,75 +328,210 @@ def _prefill(q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, d
     group = H // Hq
     sc = np.float32(scale)
     ep = np.float32(eps)
-    work = np.empty((N * H, 6, max(Dk, Dw)), dtype=np.float32)  # scratch vectors: one allocation per call
-    for nh in numba.prange(N * H):
+    nblk = max(1, Dv // cols)
+    for unit in numba.prange(N * H * nblk):
+        nh = unit // nblk
+        blk = unit - nh * nblk
         n = nh // H
         h = nh - n * H
         hq = h // group
+        j0 = blk * cols
+        j1 = Dw if blk == nblk - 1 else j0 + cols
         STbh = ST[n, h]
-        r, w = work[nh, 0], work[nh, 1]
-        qa, ka, ga, kp = work[nh, 2, :Dk], work[nh, 3, :Dk], work[nh, 4, :Dk], work[nh, 5, :Dk]
-        t0 = cu[n]
-        for t in range(t0, cu[n + 1]):
+        base = ST.ctypes.data  # ST, q, k, v, o, G are C-contiguous (the caller checks)
+        q_at, k_at, v_at, o_at, G_at = q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, G.ctypes.data
+        # Local vectors, one allocation each: LLVM then knows that none of them is the state.
+        vec = np.empty((4, Dk), dtype=np.float32)  # the token's vectors, passed to the quads by address
+        vec_at = vec.ctypes.data
+        ga, ka, qa, kn = vec[0], vec[1], vec[2], vec[3]
+        pn = np.empty(j1 - j0, dtype=np.float32)
+        t0, t1 = cu[n], cu[n + 1]
+        for t in range(t0, t1):
             if every > 0 and (t - t0) % every == 0:
-                ckpt[ck_start[n] + (t - t0) // every, h] = STbh
+                ckpt[ck_start[n] + (t - t0) // every, h, j0:j1] = STbh[j0:j1]
+            tp = t + PREFETCH_AHEAD
+            if tp < t1:
+                _prefetch_span_jit(q_at + (tp * Hq + hq) * Dk * 4, Dk * 4)
+                _prefetch_span_jit(k_at + (tp * Hq + hq) * Dk * 4, Dk * 4)
+                _prefetch_span_jit(v_at + ((tp * H + h) * Dv + j0) * 4, (min(j1, Dv) - j0) * 4)
+                _prefetch_span_jit(o_at + ((tp * H + h) * Dv + j0) * 4, (min(j1, Dv) - j0) * 4)
+                if per_channel:
+                    _prefetch_span_jit(G_at + (tp * H + h) * Dk * 4, Dk * 4)
             a = np.float32(1.0)
-            if gated and not per_channel:
-                a = np.float32(math.exp(g[t, h, 0]))
-            qk = np.float32(0.0)
+            if per_channel:
+                for i in range(Dk):
+                    ga[i] = G[t, h, i]
+            elif gated:
+                a = G[t, h, 0]
+            mode = 2 if per_channel else (1 if gated else 0)
             for i in range(Dk):
                 qa[i] = q[t, hq, i]
                 ka[i] = k[t, hq, i]
-                qk += qa[i] * ka[i]
-            if per_channel:  # diag(a) S: the reads S'^T q, S'^T k become S^T (a * q), S^T (a * k)
-                for i in range(Dk):
-                    ga[i] = np.float32(math.exp(g[t, h, i]))
-                    qa[i] = qa[i] * ga[i]
-                    kp[i] = ka[i] * ga[i]
-            else:
-                for i in range(Dk):
-                    ga[i] = a
-            kr = kp if per_channel else ka  # the key the prediction reads: S'^T k = ap * S^T kr
-            ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the reads
-            for j in range(Dv):
-                w[j] = v[t, h, j]
-            if normalize:
-                w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
             if delta:
-                bt = beta[t, h]
-                for j in range(Dw):
-                    pj = np.float32(0.0)
-                    rj = np.float32(0.0)
+                if t == t0:  # the first prediction, from the entering state: p_j = S[:, j] . (a-gated k)
                     for i in range(Dk):
-                        s = STbh[j, i]
-                        pj += kr[i] * s
-                        rj += qa[i] * s
-                    uj = bt * (w[j] - ap * pj)
+                        kn[i] = ka[i] * ga[i] if per_channel else ka[i]
+                    for j in range(j0, j1):
+                        row = STbh[j]
+                        pj = np.float32(0.0)
+                        for i in range(Dk):
+                            pj += kn[i] * row[i]
+                        pn[j - j0] = pj
+                tn = t + 1 if t + 1 < t1 else t  # the next token's key (the last token's prediction is unused)
+                if per_channel:
+                    for i in range(Dk):
+                        kn[i] = k[tn, hq, i] * G[tn, h, i]
+                else:
+                    for i in range(Dk):
+                        kn[i] = k[tn, hq, i]
+                ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the prediction
+                bt = beta[t, h]
+                j = j0
+                if Dk == 64 or Dk == 128:
+                    while j + 3 < j1:
+                        at = base + (((n * H + h) * Dw + j) * Dk) * 4
+                        u0 = bt * (v[t, h, j] - ap * pn[j - j0])
+                        u1 = bt * (v[t, h, j + 1] - ap * pn[j + 1 - j0])
+                        u2 = bt * (v[t, h, j + 2] - ap * pn[j + 2 - j0])
+                        u3 = bt * (v[t, h, j + 3] - ap * pn[j + 3 - j0])
+                        o0, o1, o2, o3, p0, p1, p2, p3 = _quads_delta_jit(at, vec_at, Dk, mode, a, u0, u1, u2, u3)
+                        o[t, h, j] = sc * o0
+                        o[t, h, j + 1] = sc * o1
+                        o[t, h, j + 2] = sc * o2
+                        o[t, h, j + 3] = sc * o3
+                        pn[j - j0] = p0
+                        pn[j + 1 - j0] = p1
+                        pn[j + 2 - j0] = p2
+                        pn[j + 3 - j0] = p3
+                        j += 4
+                while j + 1 < j1:
+                    u0 = bt * (v[t, h, j] - ap * pn[j - j0])
+                    u1 = bt * (v[t, h, j + 1] - ap * pn[j + 1 - j0])
+                    o0 = np.float32(0.0)
+                    o1 = np.float32(0.0)
+                    p0 = np.float32(0.0)
+                    p1 = np.float32(0.0)
                     if per_channel:
                         for i in range(Dk):
-                            STbh[j, i] = ga[i] * STbh[j, i] + ka[i] * uj
+                            s0 = ga[i] * STbh[j, i] + ka[i] * u0
+                            s1 = ga[i] * STbh[j + 1, i] + ka[i] * u1
+                            STbh[j, i] = s0
+                            STbh[j + 1, i] = s1
+                            o0 += qa[i] * s0
+                            o1 += qa[i] * s1
+                            p0 += kn[i] * s0
+                            p1 += kn[i] * s1
+                    elif gated:
+                        for i in range(Dk):
+                            s0 = a * STbh[j, i] + ka[i] * u0
+                            s1 = a * STbh[j + 1, i] + ka[i] * u1
+                            STbh[j, i] = s0
+                            STbh[j + 1, i] = s1
+                            o0 += qa[i] * s0
+                            o1 += qa[i] * s1
+                            p0 += kn[i] * s0
+                            p1 += kn[i] * s1
                     else:
                         for i in range(Dk):
-                            STbh[j, i] = a * STbh[j, i] + ka[i] * uj
-                    r[j] = rj
-                    w[j] = uj
-            else:
-                for j in range(Dw):
-                    rj = np.float32(0.0)
-                    wj = w[j]
+                            s0 = STbh[j, i] + ka[i] * u0
+                            s1 = STbh[j + 1, i] + ka[i] * u1
+                            STbh[j, i] = s0
+                            STbh[j + 1, i] = s1
+                            o0 += qa[i] * s0
+                            o1 += qa[i] * s1
+                            p0 += kn[i] * s0
+                            p1 += kn[i] * s1
+                    o[t, h, j] = sc * o0
+                    o[t, h, j + 1] = sc * o1
+                    pn[j - j0] = p0
+                    pn[j + 1 - j0] = p1
+                    j += 2
+                if j < j1:
+                    u0 = bt * (v[t, h, j] - ap * pn[j - j0])
+                    o0 = np.float32(0.0)
+                    p0 = np.float32(0.0)
                     for i in range(Dk):
-                        s = STbh[j, i]
-                        rj += qa[i] * s
-                        STbh[j, i] = ga[i] * s + ka[i] * wj
-                    r[j] = rj
-            if normalize:
-                den = sc * (ap * r[Dv] + qk)
-                den = max(den, ep) if clamp else den + ep
-                for j in range(Dv):
-                    o[t, h, j] = sc * (ap * r[j] + qk * w[j]) / den
+                        s0 = (ga[i] if per_channel else a) * STbh[j, i] + ka[i] * u0
+                        STbh[j, i] = s0
+                        o0 += qa[i] * s0
+                        p0 += kn[i] * s0
+                    o[t, h, j] = sc * o0
+                    pn[j - j0] = p0
             else:
-                for j in range(Dv):
-                    o[t, h, j] = sc * (ap * r[j] + qk * w[j])
+                j = j0
+                if Dk == 64 or Dk == 128:
+                    while j + 3 < j1:
+                        at = base + (((n * H + h) * Dw + j) * Dk) * 4
+                        w3 = v[t, h, j + 3] if j + 3 < Dv else np.float32(1.0)  # z remembers a constant value 1
+                        o0, o1, o2, o3 = _quads_plain_jit(at, vec_at, Dk, mode, a, v[t, h, j], v[t, h, j + 1],
+                                                          v[t, h, j + 2], w3)
+                        o[t, h, j] = o0
+                        o[t, h, j + 1] = o1
+                        o[t, h, j + 2] = o2
+                        if j + 3 < Dv:
+                            o[t, h, j + 3] = o3
+                        else:
+                            den[t, h] = o3
+                        j += 4
+                while j + 1 < j1:
+                    w0 = v[t, h, j]
+                    w1 = v[t, h, j + 1] if j + 1 < Dv else np.float32(1.0)  # z remembers a constant value 1
+                    o0 = np.float32(0.0)
+                    o1 = np.float32(0.0)
+                    if per_channel:
+                        for i in range(Dk):
+                            s0 = ga[i] * STbh[j, i] + ka[i] * w0
+                            s1 = ga[i] * STbh[j + 1, i] + ka[i] * w1
+                            STbh[j, i] = s0
+                            STbh[j + 1, i] = s1
+                            o0 += qa[i] * s0
+                            o1 += qa[i] * s1
+                    elif gated:
+                        for i in range(Dk):
+                            s0 = a * STbh[j, i] + ka[i] * w0
+                            s1 = a * STbh[j + 1, i] + ka[i] * w1
+                            STbh[j, i] = s0
+                            STbh[j + 1, i] = s1
+                            o0 += qa[i] * s0
+                            o1 += qa[i] * s1
+                    else:
+                        for i in range(Dk):
+                            s0 = STbh[j, i] + ka[i] * w0
+                            s1 = STbh[j + 1, i] + ka[i] * w1
+                            STbh[j, i] = s0
+                            STbh[j + 1, i] = s1
+                            o0 += qa[i] * s0
+                            o1 += qa[i] * s1
+                    o[t, h, j] = o0
+                    if j + 1 < Dv:
+                        o[t, h, j + 1] = o1
+                    else:
+                        den[t, h] = o1
+                    j += 2
+                if j < j1:
+                    w0 = v[t, h, j] if j < Dv else np.float32(1.0)
+                    o0 = np.float32(0.0)
+                    for i in range(Dk):
+                        s0 = (ga[i] if per_channel else a) * STbh[j, i] + ka[i] * w0
+                        STbh[j, i] = s0
+                        o0 += qa[i] * s0
+                    if j < Dv:
+                        o[t, h, j] = o0
+                    else:
+                        den[t, h] = o0
+    if not delta:  # scale, and divide by the normalizer's read: o = s S^T q / (s z . q) with the eps convention
+        T = o.shape[0]
+        for th in numba.prange(T * H):
+            t = th // H
+            h = th - t * H
+            if normalize:
+                d = sc * den[t, h]
+                d = max(d, ep) if clamp else d + ep
+                f = sc / d
+            else:
+                f = sc
+            for j in range(Dv):
+                o[t, h, j] *= f
 
 
 _FLAGS_T = dict(_FLAGS, fastmath={"contract", "reassoc", "nsz"})  # nsz: a sum starting at +0.0 vectorizes
@@ -370,11 +666,39 @@ _LOCK = threading.Lock()
 PARALLEL_MIN_WORK = 1 << 17
 
 
-def _threads(work: int, pairs: int) -> int:
+# A decode step (one token) runs serial unless its state has this many entries (B*H*Dk*Dw). On the 2-core AMD
+# EPYC (loaded) the parallel token loop at 2 threads was 4-5x slower than the serial kernel at batch 1 and mixed
+# at 4-16 sequences of the Qwen3-Next geometry; scripts/cpu_kernels_bench.py times both per size: set this to
+# the smallest size where the parallel step wins in a quiet run.
+DECODE_PARALLEL_MIN_WORK = 1 << 62
+
+
+def decode_parallel_threshold(threads: int) -> int:
+    """State entries (B*H*Dk*Dw) from which a decode step splits its heads over ``threads`` threads; below it
+    the step runs serial, which makes a step never slower with more threads than with one."""
+    return DECODE_PARALLEL_MIN_WORK if threads > 1 else 1 << 62
+
+
+# Rules whose "auto" prefill takes the compiled token loop at more than one thread (at one it always does). The
+# delta rules' torch form is a sequential chunk solve that the loop beats at every thread count measured. For
+# accumulate and gated the torch chunk form is matmuls and doubles with a second thread; the loop with prefetch
+# beat it at 2 threads in a loaded run of scripts/cpu_kernels_bench.py, which prints "auto" against "torch" per
+# rule and thread count: drop a rule here where a quiet run shows auto_over_torch_2t above 1.
+COMPILED_RULES_MULTITHREAD: tuple[str, ...] = ("accumulate", "gated", "delta", "gated_delta")
+
+
+def prefers_compiled(rule: str, B: int, T: int, H: int, D: int, threads: int) -> bool:
+    """Whether "auto" should run this prefill (``B`` sequences of ``T`` tokens, ``H`` value heads of width ``D``)
+    on the compiled token loop rather than the torch chunk form, at ``threads`` threads."""
+    return threads <= 1 or rule in COMPILED_RULES_MULTITHREAD
+
+
+def _threads(work: int, pairs: int, decode: bool = False) -> int:
     """Threads for a call sweeping ``work`` state entries over ``pairs`` (sequence, head) pairs: torch's count,
-    or 1 when the job is too small to pay for waking the pool."""
+    or 1 when the job is too small to pay for waking the pool (for a decode step: below the decode threshold)."""
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    return threads if threads > 1 and pairs > 1 and work >= PARALLEL_MIN_WORK else 1
+    bar = decode_parallel_threshold(threads) if decode else PARALLEL_MIN_WORK
+    return threads if threads > 1 and pairs > 1 and work >= bar else 1
 
 
 def _launch(parallel, serial, args, threads: int) -> None:
@@ -395,7 +719,7 @@ def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normal
     g = _DUMMY4 if g is None else g
     beta = _DUMMY3 if beta is None else beta
     args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
-    _launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H))
+    _launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H, T == 1))
 
 
 def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
@@ -406,24 +730,43 @@ def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
     return starts, int(counts.sum())
 
 
+def prefill_cols(pairs: int, Dv: int, threads: int) -> int:
+    """Value rows per prefill work unit: a whole head (the token's setup is paid once per unit and token), halved
+    down to 32 rows while there are fewer than four units per thread, so that a few heads still spread evenly
+    over the threads (8 heads on 2 threads stay whole; 1 head of Dv = 128 becomes 4 units)."""
+    cols = max(Dv, 1)
+    while threads > 1 and pairs * (Dv // cols) < 4 * threads and cols >= 64:
+        cols //= 2
+    return cols
+
+
 def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
-            every: int = 0) -> np.ndarray | None:
+            every: int = 0, cols: int | None = None) -> np.ndarray | None:
     """Call :func:`_prefill` on float32 NumPy views (``cu`` int64); ``ST`` [N, H, Dw, Dk] is updated in place and
     ``o`` [T, H, Dv] written. ``every > 0`` also returns the checkpoints ``[count, H, Dw, Dk]`` for
-    :func:`backward`. Threads: torch's count."""
+    :func:`backward`. ``cols``: value rows per work unit (None: :func:`prefill_cols`). Threads: torch's count."""
     N, H, Dw, Dk = ST.shape
     gated, delta = g is not None, beta is not None
+    if delta and normalize:
+        raise ValueError("normalize: the delta rules keep no normalizer")
     per_channel = gated and g.shape[2] != 1
-    g = _DUMMY3 if g is None else g
+    G = np.exp(g) if gated else _DUMMY3  # exp(-inf) = 0: an exact reset
     beta = _DUMMY2 if beta is None else beta
     if every > 0:
         ck_start, count = checkpoint_starts(cu, every)
         ckpt = np.empty((count, H, Dw, Dk), dtype=np.float32)
     else:
         ck_start, ckpt = _DUMMY_I, _DUMMY4
-    args = (q, k, v, g, beta, cu, ST, o, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
-            ck_start)
-    _launch(prefill_parallel, prefill_serial, args, _threads(q.shape[0] * H * Dw * Dk, N * H))
+    if not all(x.flags.c_contiguous for x in (q, k, v, G, ST, o)):
+        raise ValueError("prefill: q, k, v, g, ST and o must be C-contiguous")
+    den = np.empty((q.shape[0], H), dtype=np.float32) if normalize else _DUMMY2
+    threads = _threads(q.shape[0] * H * Dw * Dk, N * H * max(1, v.shape[2] // 32))
+    cols = prefill_cols(N * H, v.shape[2], threads) if cols is None else int(cols)
+    if cols < 1:
+        raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
+    args = (q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
+            ck_start, cols)
+    _launch(prefill_parallel, prefill_serial, args, threads)
     return ckpt if every > 0 else None
 
 
