@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-from linattn.tools import mqar
+from linattn.tools.harness.results import ResultValidationError, load_schema, read_result, validate
+from linattn.tools.mqar import cli as mqar
 from linattn.tools.mqar.controls import (
     NEAR_DUPLICATE_LEVELS,
     PRECISIONS,
@@ -23,7 +24,6 @@ from linattn.tools.mqar.controls import (
 )
 from linattn.tools.mqar.data import FILLER, IGNORE, generate, split_vocab
 from linattn.tools.mqar.train import TrainConfig, build_model, evaluate, state_floats, train
-from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
 
 TINY = dict(vocab_size=16, seq_len=16, train_pairs=(2,), hidden_size=32, num_heads=2, head_dim=16, batch_size=32,
             lr=1e-2, seed=0)
