@@ -12,8 +12,6 @@ from linattn.cli import COMMANDS, LazyGroup, main
 # The shared options: where a tool has one, it is spelt exactly so.
 SPELLING = {"output": ["-o", "--output"], "plot": ["--plot"], "plot_path": ["--plot"], "overwrite": ["--overwrite"],
             "quick": ["--quick"], "threads": ["--threads"], "no_progress": ["--no-progress"]}
-# Tools that are moved onto the convention separately.
-ELSEWHERE = {"mqar"}
 
 
 def _has_default(param: click.Option, ctx: click.Context) -> bool:
@@ -24,7 +22,7 @@ def _has_default(param: click.Option, ctx: click.Context) -> bool:
 def _commands() -> list[tuple[str, click.Command]]:
     group, ctx = LazyGroup(), click.Context(main)
     out = []
-    for name in sorted(set(COMMANDS) - ELSEWHERE):
+    for name in sorted(COMMANDS):
         cmd = group.get_command(ctx, name)
         out.append((name, cmd))
         if isinstance(cmd, click.Group):

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-from linattn.tools import mqar
+from linattn.tools.harness.results import ResultValidationError, load_schema, read_result, validate
+from linattn.tools.mqar import cli as mqar
+from linattn.tools.mqar import report
 from linattn.tools.mqar.controls import (
     NEAR_DUPLICATE_LEVELS,
     PRECISIONS,
@@ -23,7 +25,6 @@ from linattn.tools.mqar.controls import (
 )
 from linattn.tools.mqar.data import FILLER, IGNORE, generate, split_vocab
 from linattn.tools.mqar.train import TrainConfig, build_model, evaluate, state_floats, train
-from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
 
 TINY = dict(vocab_size=16, seq_len=16, train_pairs=(2,), hidden_size=32, num_heads=2, head_dim=16, batch_size=32,
             lr=1e-2, seed=0)
@@ -339,7 +340,7 @@ def test_committed_version_1_results_stay_readable():
     for name in ("mqar_cpu.json", "mqar_cpu_seed1.json", "mqar_cpu_2500steps.json"):
         doc = read_result(root / name, "mqar")
         assert doc["schema"] == "linattn.mqar/1"
-        assert mqar.format_table(doc)  # the printed table copes with version 1 controls
+        assert report.format_table(doc)  # the printed table copes with version 1 controls
     v2 = json.loads((root / "mqar_cpu.json").read_text())
     v2["schema"] = "linattn.mqar/2"  # a version 2 file must have the new controls
     with pytest.raises(ResultValidationError, match="near_duplicate"):

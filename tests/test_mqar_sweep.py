@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 from linattn.cli import main
+from linattn.tools.harness.results import ResultValidationError, load_schema, read_result, validate
 from linattn.tools.mqar import sweep, sweep_runner
 from linattn.tools.mqar.sweep import Job, SweepConfig
-from linattn.tools.results import ResultValidationError, load_schema, read_result, validate
 
 TINY = SweepConfig(mixers=("attention", "delta"), widths=(8,), settings=((16, 2, 9, 4),), lrs=(1e-2, 3e-2),
                    seeds=(0, 1), vocab_size=16, num_layers=1, num_heads=2, val_examples=8,

@@ -15,7 +15,8 @@ COMMANDS = {
     "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
     "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
     "sp-bench": ("linattn.tools.sp.bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),
-    "mqar": ("linattn.tools.mqar", "command", "MQAR trained per mixer with decode latency; --sweep: best over lrs."),
+    "mqar": ("linattn.tools.mqar.cli", "command",
+             "MQAR trained per mixer with decode latency; --sweep: best over lrs."),
     "perf": ("linattn.tools.perf.cli", "command",
              "Kernels against peers, as fractions of the in-run matmul rate and copy bandwidth, 1 and 2 threads."),
 }

@@ -1,8 +1,9 @@
-"""Block sizes and constants the Triton kernels share (importing this module needs triton)."""
+"""Block sizes, constants and the chunk gate helper the Triton kernels share (importing this module needs triton)."""
 
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 
 from linattn.ops.common import LOG_GATE_FLOOR
 
@@ -12,7 +13,7 @@ MAX_DK = 256
 
 __all__ = [
     "GATE_NONE", "GATE_HEAD", "GATE_CHANNEL", "GATE_VALUE", "MAX_DK", "LOG_GATE_FLOOR", "CHUNK_SIZES", "block_k",
-    "block_v", "block_t", "check_chunk_size",
+    "block_v", "block_t", "check_chunk_size", "gates",
 ]
 
 
@@ -52,3 +53,14 @@ def gate_kind(g, x_dim: int) -> int:
     if g is None:
         return GATE_NONE
     return GATE_CHANNEL if g.dim() == x_dim else GATE_HEAD
+
+
+@triton.jit
+def gates(g_base, sg_t, t, mt, causal, ACC: tl.constexpr, FLOOR: tl.constexpr):
+    """(exp(G_i - G_j) masked to j <= i, exp(G), exp(G_last - G), exp(G_last)) of one chunk, G in float64."""
+    g = tl.load(g_base + t * sg_t, mask=mt, other=0.0).to(tl.float64)  # padded tokens: g = 0, a = 1
+    g = tl.maximum(g, FLOOR)
+    G = tl.cumsum(g, axis=0)
+    G_last = tl.sum(g, axis=0)
+    decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")).to(ACC))
+    return decay, tl.exp(G.to(ACC)), tl.exp((G_last - G).to(ACC)), tl.exp(G_last.to(ACC))

@@ -26,17 +26,7 @@ import triton.language as tl
 
 from linattn.kernels.triton._chunk import acc_dtype, unit_last
 from linattn.kernels.triton._common import LOG_GATE_FLOOR, block_k, block_t, block_v
-
-
-@triton.jit
-def _gates(g_base, sg_t, t, mt, causal, ACC: tl.constexpr, FLOOR: tl.constexpr):
-    """(exp(G_i - G_j) masked to j <= i, exp(G), exp(G_last - G), exp(G_last)) of one chunk, G in float64."""
-    g = tl.load(g_base + t * sg_t, mask=mt, other=0.0).to(tl.float64)  # padded tokens: g = 0, a = 1
-    g = tl.maximum(g, FLOOR)
-    G = tl.cumsum(g, axis=0)
-    G_last = tl.sum(g, axis=0)
-    decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")).to(ACC))
-    return decay, tl.exp(G.to(ACC)), tl.exp((G_last - G).to(ACC)), tl.exp(G_last.to(ACC))
+from linattn.kernels.triton._common import gates as _gates
 
 
 @triton.jit

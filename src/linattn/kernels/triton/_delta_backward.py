@@ -33,7 +33,8 @@ import triton.language as tl
 
 from linattn.kernels.triton._chunk import unit_last
 from linattn.kernels.triton._common import LOG_GATE_FLOOR, block_k, block_v
-from linattn.kernels.triton._delta import Saved, _gates
+from linattn.kernels.triton._common import gates as _gates
+from linattn.kernels.triton._delta import Saved
 
 
 @triton.jit

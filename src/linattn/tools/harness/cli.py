@@ -110,8 +110,10 @@ def no_progress_option() -> Callable:
     return click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 
 
-def threads_option(help: str = "torch.set_num_threads for the run (default: torch's own choice).") -> Callable:
-    return click.option("--threads", type=click.IntRange(min=1), default=None, help=help)
+def threads_option(help: str = "torch.set_num_threads for the run (default: torch's own choice).",
+                   default: int | None = None) -> Callable:
+    """``--threads N``; a tool that must time on a fixed count gives it as ``default`` (shown in --help)."""
+    return click.option("--threads", type=click.IntRange(min=1), default=default, help=help)
 
 
 def apply_threads(ctx: click.Context, threads: int | None) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from linattn.tools.results import atomic_write
+from linattn.tools.harness.plotting import pyplot, save_figure
 
 SCHEMA = "linattn.mqar_seeds/1"
 # Config keys that may differ between the summarized runs (everything else must agree).
@@ -110,11 +110,7 @@ def format_summary(doc: dict[str, Any]) -> str:
 
 def plot_summary(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
     """Accuracy vs pairs (mean, min-max band) and the controls as bars with min-max whiskers, per mixer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax_p, ax_c) = plt.subplots(1, 2, figsize=(17, 5), gridspec_kw={"width_ratios": [1, 1.6]})
     colors = dict(zip([m["mixer"] for m in doc["mixers"]], plt.cm.tab10.colors, strict=False))
     pairs = doc["config"]["eval_pairs"]
@@ -148,7 +144,4 @@ def plot_summary(doc: dict[str, Any], path: str | Path, *, overwrite: bool = Fal
         ax.grid(True, alpha=0.3)
     ax_p.legend(fontsize=8)
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100), overwrite=overwrite)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, path, overwrite=overwrite)

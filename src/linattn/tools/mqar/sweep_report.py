@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from linattn.tools.results import atomic_write
+from linattn.tools.harness.plotting import pyplot, save_figure
 
 
 def _settings(doc: dict[str, Any]) -> list[tuple[int, int]]:
@@ -40,11 +40,7 @@ def format_best(doc: dict[str, Any]) -> str:
 def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
     """Accuracy against model width, one panel per (sequence length, pairs), a line per mixer (mean over seeds at
     the winning lr, whiskers min-max; hollow markers: on the plateau)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     settings = _settings(doc)
     fig, axes = plt.subplots(1, len(settings), figsize=(max(7.0, 4.6 * len(settings)), 4.4), squeeze=False,
                              sharey=True)
@@ -82,7 +78,4 @@ def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> P
     fig.suptitle(f"MQAR: best over learning rates {doc['config']['lrs']}\nmean and range over seeds at the best lr "
                  f"({p['finished']} of {p['total']} runs; hollow: on the plateau; dotted: chance)", fontsize=9)
     fig.tight_layout()
-    try:
-        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100), overwrite=overwrite)
-    finally:
-        plt.close(fig)
+    return save_figure(fig, path, overwrite=overwrite)

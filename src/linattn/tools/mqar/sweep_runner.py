@@ -24,26 +24,16 @@ import torch
 from tqdm import tqdm
 
 import linattn
+from linattn.tools.harness import machine
+from linattn.tools.harness.results import read_result, write_result
 from linattn.tools.mqar import sweep
 from linattn.tools.mqar.sweep import Job, SweepConfig
-from linattn.tools.results import read_result, write_result
 
 SCHEMA = "linattn.mqar_sweep/1"
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def config_doc(cfg: SweepConfig) -> dict[str, Any]:
@@ -72,7 +62,7 @@ def previous_runs(cfg: SweepConfig, output: Path | None, *, overwrite: bool) -> 
 
 def session_doc(workers: int) -> dict[str, Any]:
     return {"started": _now(), "updated": _now(), "workers": workers, "runs_finished": 0,
-            "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+            "machine": {"cpu": machine.processor_name(), "cores": os.cpu_count(), "platform": platform.platform(),
                         "loadavg_start": [round(x, 2) for x in os.getloadavg()]},
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "numpy": np.__version__, "linattn": linattn.__version__}}

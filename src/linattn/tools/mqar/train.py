@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from linattn.nn import CausalLM
+from linattn.tools.harness.results import atomic_write
 from linattn.tools.mqar.data import IGNORE, generate
-from linattn.tools.results import atomic_write
 
 # name -> (per-layer mixers as a function of num_layers, LinearAttention kwargs, q/k head_dim override).
 # Equal state size: every linear mixer holds H x head_dim x head_dim per layer, except Taylor features, whose q/k
