@@ -29,6 +29,14 @@ def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_ma
     return state
 
 
+def _plain(q, k, v) -> bool:
+    """q, k, v are plain float32 contiguous CPU tensors outside autograd (what the one-call kernel reads)."""
+    return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+            and not (q.requires_grad or k.requires_grad or v.requires_grad))
+
+
 def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
                backend) -> tuple[torch.Tensor, State] | None:
     """The decode step of :func:`step` in one compiled call, or None when the call is not the plain case.
@@ -62,13 +70,7 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
         return None
     # q, k [B, Hq, D], v [B, HV, Dv]: plain float32 contiguous CPU tensors outside autograd
-    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
-        return None
-    if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu):
-        return None
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        return None
-    if q.requires_grad or k.requires_grad or v.requires_grad:
+    if not _plain(q, k, v):
         return None
     q_shape, v_shape = q.shape, v.shape
     if len(q_shape) != 3 or len(v_shape) != 3 or k.shape != q_shape:
@@ -226,13 +228,7 @@ class Decoder:
         if kd is None:
             return None
         B, HV, D, Dv, Dw = self._dims
-        if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor):
-            return None
-        if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu):
-            return None
-        if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-            return None
-        if q.requires_grad or k.requires_grad or v.requires_grad:
+        if not _plain(q, k, v):
             return None
         q_shape = q.shape
         if len(q_shape) != 3 or k.shape != q_shape or v.shape != (B, HV, Dv):
