@@ -153,3 +153,33 @@ def test_bad_construction_names_the_argument():
                                         output_final_state=True)[1]
     with pytest.raises(ValueError, match="made by rule 'gated'"):
         linattn.Decoder(recorded, rule="accumulate", feature_map="elu1")
+
+
+def test_replaced_state_is_checked_like_step():
+    """dec.state may be replaced; a state of another rule or batch is refused as step refuses it, never written."""
+    B, H, D = 2, 2, 4
+    dec = linattn.Decoder(linattn.State.zeros(B, H, D, D), rule="accumulate")
+    x = [torch.randn(B, H, D) for _ in range(3)]
+    _, gated = linattn.linear_attention(*(torch.randn(4, 3, H, D) for _ in range(3)), rule="gated",
+                                        g=-torch.rand(4, 3, H), output_final_state=True)
+    dec.state = gated
+    before = gated.S.clone()
+    with pytest.raises(ValueError, match="rule 'gated'"):
+        dec(*x)
+    assert torch.equal(gated.S, before)
+    small = linattn.State.zeros(1, H, D, D)
+    dec.state = small
+    with pytest.raises(ValueError, match="state.S must be"):
+        dec(*x)
+    assert not small.S.any()
+
+
+def test_partial_record_is_checked_on_the_fast_path():
+    """A hand-built State that records a feature map but no rule is refused for another map on every backend."""
+    H, D = 2, 4
+    buf = torch.zeros(1, H, D, D + 1)
+    state = linattn.State(buf[..., :D], buf[..., D], feature_map="elu1")
+    q, k, v = (torch.randn(1, H, D) for _ in range(3))
+    for backend in ("auto", "torch"):
+        with pytest.raises(ValueError, match="feature_map 'elu1'"):
+            linattn.step(q, k, v, state, backend=backend)

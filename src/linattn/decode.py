@@ -61,10 +61,13 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     elif not (normalize is False or (normalize is True and rule not in DELTA_RULES)):
         return None  # not a bool, or a delta rule asked to normalize: the full path says why
     # A state with no record (State.zeros, State(S, z)) is checked by its layout alone, as the full path does.
+    # Each recorded field is checked on its own: a hand-built State may record a map and no rule.
     fmap_name = feature_map or "identity"
-    recorded = state.rule is not None
-    if recorded and (state.rule != rule or state.normalized is not normalize or state.feature_map != fmap_name):
+    if ((state.rule is not None and state.rule != rule)
+            or (state.normalized is not None and state.normalized is not normalize)
+            or (state.feature_map is not None and state.feature_map != fmap_name)):
         return None
+    recorded = state.rule is not None
     if rule not in RULES or not (state_dtype is None or state_dtype is _F32):
         return None
     if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
@@ -206,6 +209,7 @@ class Decoder:
             feature_map is None or type(feature_map) is str) else None
         self._kd = kd if code is not None and state.dtype is _F32 and state.S.is_cpu else None
         self._code = code
+        self._fmap_name = feature_map or "identity" if code is not None else None
         self._gated, self._delta = rule in GATED_RULES, rule in DELTA_RULES
         self._dims = (B, H, Dk, Dv, Dv + 1 if normalize else Dv)
         self._scale = Dk**-0.5 if scale is None else float(scale)
@@ -254,8 +258,14 @@ class Decoder:
                 return None
         elif beta is not None:
             return None
-        S, z = self.state.S, self.state.z  # read each call: the state may have been replaced
-        if S.requires_grad or S.stride() != (HV * D * Dw, D * Dw, Dw, 1) or S.dtype is not _F32 or not S.is_cpu:
+        st = self.state  # read each call: the state may have been replaced (the full path then checks it)
+        if type(st) is not State or ((st.rule is not None and st.rule != self.rule)
+                                     or (st.normalized is not None and st.normalized is not self.normalize)
+                                     or (st.feature_map is not None and st.feature_map != self._fmap_name)):
+            return None
+        S, z = st.S, st.z
+        if (S.requires_grad or S.shape != (B, HV, D, Dv) or S.stride() != (HV * D * Dw, D * Dw, Dw, 1)
+                or S.dtype is not _F32 or not S.is_cpu or (z is not None and not self.normalize)):
             return None
         S_at = S.data_ptr()
         if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)):
