@@ -313,10 +313,13 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
         torch.set_num_threads(n_threads)
         try:
             for cols in (1, 4, 16, 32, D + 1):
-                monkeypatch.setattr(cpu_numba, "prefill", lambda *a, c=cols, **kw_: real(*a, **dict(kw_, cols=c)))
+                def forced(*a, c=cols, **kw_):
+                    seen.append(c)  # the kernel was reached with this block size
+                    return real(*a, **dict(kw_, cols=c))
+
+                monkeypatch.setattr(cpu_numba, "prefill", forced)
                 o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
                 check(o, S, ref, 2e-4)
-                seen.append(cols)
         finally:
             torch.set_num_threads(before)
     assert len(seen) == 5 * len(threads)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import torch
 
 import linattn
-from linattn import kernels
+from linattn import checks
 from linattn.checks import check_cu_seqlens
 from linattn.nn import LinearAttention, causal_conv
 from linattn.state import State
@@ -199,7 +199,7 @@ def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str 
     sequences). Affects every instance, existing and future; returns a :class:`Patch` (``undo()``, or use it as a
     context manager; patches nest and may be undone in any order). ``backend`` is passed to every linattn
     call (``"auto"``, ``"torch"``, ``"cpu"``, ``"triton"``; see :func:`linattn.linear_attention`)."""
-    kernels.check_backend(backend)
+    checks.check_backend(backend)
     if not isinstance(models, (tuple, list)) or not all(isinstance(name, str) for name in models):
         raise TypeError(f"models must be a tuple of model names, some of {list(MODELS)}; got {models!r}")
     for name in models:  # every name checked before anything is patched

@@ -39,7 +39,6 @@ OK, BAD_GATE = 0, 1
 # Batch decode splits its heads over threads from this many state entries (B*H*Dk*Dw) when torch has more than
 # one thread; below it the serial kernel here runs (measured, see cpu_numba.DECODE_PARALLEL_MIN_WORK).
 PARALLEL_MIN_WORK = cpu_numba.DECODE_PARALLEL_MIN_WORK
-parallel_threshold = cpu_numba.decode_parallel_threshold
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})

@@ -2,7 +2,8 @@
 
 Options every tool spells the same way where it applies: ``-o/--output``, ``--plot``, ``--overwrite``, ``--quick``,
 ``--threads``, ``--no-progress``; every command shows its defaults in ``--help`` (:data:`CONTEXT`). A tool writes
-a file only where a flag asks for one, and an existing file is refused with one line unless ``--overwrite``.
+a file only where a flag asks for one (``bench`` and ``explain`` write theirs to a default name), and an
+existing file is refused with one line unless ``--overwrite``.
 
 Outputs are checked before a run (:func:`check_outputs`), written atomically after it (:func:`write`), errors are
 click messages (never a traceback), written paths are printed in full. The rules behind both live in

@@ -121,7 +121,8 @@ def run_sweep(cfg: SweepConfig, *, output: str | os.PathLike | None, workers: in
 
     enqueue(sweep.lr_jobs(cfg), front=False)
     enqueue(sweep.seed_jobs(cfg, sweep.select_best(cfg, runs)), front=True)  # seeds of finished groups first
-    torch.set_num_threads(1)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per run, in this process too when it trains inline
     ex: Any = _Inline() if workers == 1 else ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
     bar = tqdm(total=sweep.total_runs(cfg), initial=len(runs), desc="mqar sweep", unit="run", disable=not progress,
@@ -152,6 +153,7 @@ def run_sweep(cfg: SweepConfig, *, output: str | os.PathLike | None, workers: in
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
         bar.close()
+        torch.set_num_threads(threads_before)
     return doc
 
 
