@@ -31,6 +31,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from linattn.kernels import cpu_numba
+from linattn.kernels.cpu_numba import f32_pointer
 
 # Feature maps computed inside the kernel, by code; any other map runs in torch first (``linattn.step``).
 FEATURE_CODES = {None: 0, "identity": 0, "relu1": 1, "elu1": 2, "l2": 3}
@@ -45,16 +46,6 @@ _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract",
 _INLINE = dict(_FLAGS, inline="always")
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
-
-
-@intrinsic
-def _f32_pointer(typingctx, address):
-    """An integer address (``Tensor.data_ptr()``) as a float32 pointer, for ``numba.carray``."""
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return types.CPointer(types.float32)(address), codegen
 
 
 @intrinsic
@@ -147,8 +138,8 @@ def _sweep_write_read4(in_at, out_at, D, Dw, qa, k, ga, w, r):
     and needs no alias checks (with run-time widths it ran this loop scalar, presumably over its limit of checks).
     On the 133 KB state of H=8, D=64 this sweep took 2.6 us against 3.2 us with two rows (micro-benchmark).
     """
-    Sin = numba.carray(_f32_pointer(in_at), (D, Dw))
-    Sout = numba.carray(_f32_pointer(out_at), (D, Dw))
+    Sin = numba.carray(f32_pointer(in_at), (D, Dw))
+    Sout = numba.carray(f32_pointer(out_at), (D, Dw))
     for j in range(Dw):
         r[j] = np.float32(0.0)
     i4 = D - D % 4
@@ -220,15 +211,15 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     ``normalize``, ``delta`` are 0 or 1. Returns OK, or BAD_GATE with nothing written.
     """
     Dw = Dv + 1 if normalize else Dv
-    q = numba.carray(_f32_pointer(q_at), (B, Hq, D))
-    k = numba.carray(_f32_pointer(k_at), (B, Hq, D))
-    v = numba.carray(_f32_pointer(v_at), (B, HV, Dv))
-    S = numba.carray(_f32_pointer(S_at), (B, HV, D, Dw))
-    S_new = numba.carray(_f32_pointer(out_at), (B, HV, D, Dw))
-    o = numba.carray(_f32_pointer(o_at), (B, HV, Dv))
+    q = numba.carray(f32_pointer(q_at), (B, Hq, D))
+    k = numba.carray(f32_pointer(k_at), (B, Hq, D))
+    v = numba.carray(f32_pointer(v_at), (B, HV, Dv))
+    S = numba.carray(f32_pointer(S_at), (B, HV, D, Dw))
+    S_new = numba.carray(f32_pointer(out_at), (B, HV, D, Dw))
+    o = numba.carray(f32_pointer(o_at), (B, HV, Dv))
     in_place = out_at == S_at
     gated, per_channel = gate_width > 0, gate_width > 1
-    g = numba.carray(_f32_pointer(g_at if gated else q_at), (B, HV, gate_width if gated else 1))
+    g = numba.carray(f32_pointer(g_at if gated else q_at), (B, HV, gate_width if gated else 1))
     if gated:
         bad = False
         for b in range(B):
@@ -237,7 +228,7 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
                     bad |= not g[b, h, i] <= np.float32(0.0)  # NaN too
         if bad:
             return BAD_GATE
-    beta = numba.carray(_f32_pointer(beta_at if delta else q_at), (B, HV))
+    beta = numba.carray(f32_pointer(beta_at if delta else q_at), (B, HV))
     sc, ep = np.float32(scale), np.float32(eps)
     # Local vectors, one allocation each: LLVM then knows that none of them is the state.
     qf = np.empty(D, dtype=np.float32)

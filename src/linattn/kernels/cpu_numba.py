@@ -150,7 +150,7 @@ token_loop_parallel, token_loop_serial = _builds(_token_loop, _FLAGS)
 
 
 @intrinsic
-def _f32_pointer(typingctx, address):
+def f32_pointer(typingctx, address):
     """An integer address as a float32 pointer, for ``numba.carray``."""
 
     def codegen(context, builder, signature, args):
@@ -196,11 +196,11 @@ def _quad_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
     inlined: LLVM then knows the rows' distance, so the loop vectorizes without runtime alias checks and unrolls
     (with run-time widths the checks and the reductions around a short loop cost as much as the loop).
     """
-    S = numba.carray(_f32_pointer(at), (4, Dk))
-    ga = numba.carray(_f32_pointer(vec), (Dk,))
-    ka = numba.carray(_f32_pointer(vec + Dk * 4), (Dk,))
-    qa = numba.carray(_f32_pointer(vec + Dk * 8), (Dk,))
-    kn = numba.carray(_f32_pointer(vec + Dk * 12), (Dk,))
+    S = numba.carray(f32_pointer(at), (4, Dk))
+    ga = numba.carray(f32_pointer(vec), (Dk,))
+    ka = numba.carray(f32_pointer(vec + Dk * 4), (Dk,))
+    qa = numba.carray(f32_pointer(vec + Dk * 8), (Dk,))
+    kn = numba.carray(f32_pointer(vec + Dk * 12), (Dk,))
     o0 = o1 = o2 = o3 = p0 = p1 = p2 = p3 = np.float32(0.0)
     for i in range(Dk):
         ki = ka[i]
@@ -233,10 +233,10 @@ def _quad_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
 
 def _quad_plain(at, vec, Dk, mode, a, w0, w1, w2, w3):
     """:func:`_quad_delta` without the prediction (gated, accumulate): s = a s + k w_j, o_j = s . q."""
-    S = numba.carray(_f32_pointer(at), (4, Dk))
-    ga = numba.carray(_f32_pointer(vec), (Dk,))
-    ka = numba.carray(_f32_pointer(vec + Dk * 4), (Dk,))
-    qa = numba.carray(_f32_pointer(vec + Dk * 8), (Dk,))
+    S = numba.carray(f32_pointer(at), (4, Dk))
+    ga = numba.carray(f32_pointer(vec), (Dk,))
+    ka = numba.carray(f32_pointer(vec + Dk * 4), (Dk,))
+    qa = numba.carray(f32_pointer(vec + Dk * 8), (Dk,))
     o0 = o1 = o2 = o3 = np.float32(0.0)
     for i in range(Dk):
         ki = ka[i]
