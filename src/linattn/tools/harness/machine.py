@@ -56,8 +56,8 @@ def others_busy_now(seconds: float = 0.3) -> float | None:
 
 
 def busy_reason(others: float | None, cores: int | None, threads: int) -> str | None:
-    """Why the CPU was contended, or None: other processes above :data:`BUSY_SHARE` of the cores, or together
-    with this run's threads more runnable threads than cores."""
+    """Why the CPU was contended, or None: other processes kept more than :data:`BUSY_SHARE` of the cores busy
+    (the reason adds when, with this run's threads, that is more than there are cores)."""
     if others is None or not cores:
         return None
     if others > BUSY_SHARE * cores:
