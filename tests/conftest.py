@@ -30,3 +30,19 @@ def torch_forms():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("linattn.backends.AUTO_FORMS", ())
         yield
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Calls of the compiled batch-1 decode entry, recorded (it still runs): proof that the fast path ran."""
+    from linattn.kernels import cpu_decode
+
+    seen = []
+    real = cpu_decode.decode
+
+    def spy(*args):
+        seen.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_decode, "decode", spy)
+    return seen

@@ -23,20 +23,6 @@ from linattn.kernels import cpu_decode  # noqa: E402
 TOL = 2e-4  # float32 state, a dozen tokens (docs/testing.md: the token loop reaches ~1e-6)
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """Count calls of the compiled decode entry (it still runs)."""
-    seen = []
-    real = cpu_decode.decode
-
-    def spy(*args):
-        seen.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(cpu_decode, "decode", spy)
-    return seen
-
-
 def inputs(rule, *, gate="head", B=2, T=11, H=3, G=1, D=5, Dv=7, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q, k = torch.randn(B, T, H, D, generator=gen), torch.randn(B, T, H, D, generator=gen)

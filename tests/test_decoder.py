@@ -13,22 +13,8 @@ import linattn
 from linattn import State
 
 pytest.importorskip("numba")
-from linattn.kernels import cpu_decode  # noqa: E402
 
 TOL = 2e-4
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    seen = []
-    real = cpu_decode.decode
-
-    def spy(*args):
-        seen.append(args)
-        return real(*args)
-
-    monkeypatch.setattr(cpu_decode, "decode", spy)
-    return seen
 
 
 def inputs(rule, gate, *, B=2, T=9, H=2, G=1, D=5, Dv=3, seed=0, dtype=torch.float32, fmap=None):
