@@ -30,6 +30,14 @@ def _json_writer(schema: str):
     return lambda path, doc, overwrite: write_result(doc, path, schema, overwrite=overwrite)
 
 
+def _write(doc: dict, schema: str, plot, output: Path | None, plot_path: Path | None, overwrite: bool) -> None:
+    """The result file and its plot, each only where asked (``plot(doc, path, overwrite=...)`` draws it)."""
+    if output:
+        hcli.write("--output", _json_writer(schema), output, doc, overwrite=overwrite)
+    if plot_path:
+        hcli.write("--plot", lambda p, overwrite: plot(doc, p, overwrite=overwrite), plot_path, overwrite=overwrite)
+
+
 def _summarize(paths: tuple[str, ...], output: Path | None, plot_path: Path | None, overwrite: bool) -> None:
     from linattn.tools.mqar import seeds as mqar_seeds
 
@@ -38,11 +46,7 @@ def _summarize(paths: tuple[str, ...], output: Path | None, plot_path: Path | No
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(mqar_seeds.format_summary(doc))
-    if output:
-        hcli.write("--output", _json_writer("mqar_seeds"), output, doc, overwrite=overwrite)
-    if plot_path:
-        hcli.write("--plot", lambda p, overwrite: mqar_seeds.plot_summary(doc, p, overwrite=overwrite), plot_path,
-                   overwrite=overwrite)
+    _write(doc, "mqar_seeds", mqar_seeds.plot_summary, output, plot_path, overwrite)
 
 
 def _sweep(ctx: click.Context, report_path: str | None, mixers: tuple[str, ...], quick: bool, workers: int | None,
@@ -204,10 +208,6 @@ def command(ctx: click.Context, mixers, quick, vocab_size, seq_len, train_pairs,
             raise click.UsageError(str(exc)) from None
         doc["config"]["quick"] = quick
     click.echo(report.format_table(doc))
-    if output:
-        hcli.write("--output", _json_writer("mqar"), output, doc, overwrite=overwrite)
-    if plot_path:
-        hcli.write("--plot", lambda p, overwrite: report.plot(doc, p, overwrite=overwrite), plot_path,
-                   overwrite=overwrite)
+    _write(doc, "mqar", report.plot, output, plot_path, overwrite)
     if not latency_from:
         click.echo(f"({doc['elapsed_s']:.1f} s)")
