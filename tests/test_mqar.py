@@ -94,7 +94,7 @@ def test_equal_state_size_across_linear_mixers():
 @pytest.mark.parametrize("mixer", ["attention", "gated_delta"])
 def test_quick_run_learns(mixer):
     torch.set_num_threads(1)
-    cfg = TrainConfig(steps=120, **TINY)
+    cfg = TrainConfig(steps=160, **TINY)  # at 120 gated delta was still at the two-values level (~0.45) in a run
     model, info = train(mixer, cfg, progress=False)
     log = np.array(info["log"])
     first, last = log[:10, 1].mean(), log[-10:, 1].mean()

@@ -12,7 +12,7 @@ from linattn.tools.mqar import sweep, sweep_runner
 from linattn.tools.mqar.sweep import Job, SweepConfig
 
 TINY = SweepConfig(mixers=("attention", "delta"), widths=(8,), settings=((16, 2, 9, 4),), lrs=(1e-2, 3e-2),
-                   seeds=(0, 1), vocab_size=16, num_layers=1, num_heads=2, val_examples=8,
+                   seeds=(0, 1), vocab_size=16, num_layers=1, num_heads=2, intermediate_size=0, val_examples=8,
                    test_examples=8, evals_per_run=3, patience=1)
 TIMING = ("wall_s", "cpu_s", "session")
 

@@ -60,6 +60,8 @@ ACCEPTED = {
     ("LinearAttention", "v_head_dim", "int 3"): "any width >= 1",
     ("LinearAttention", "conv_size", "int 3"): "any kernel size",
     ("LinearAttention", "conv_size", "int 0"): "no convolution",
+    ("CausalLM", "intermediate_size", "int 0"): "blocks without an MLP",
+    ("CausalLM", "max_position_embeddings", "int 0"): "no position embeddings",
     **{("LinearAttention", "per_channel_gate", lab): "gated_delta has a gate" for lab in ("None", "True", "False")},
     ("LinearAttention", "gate_rank", "int 3"): "any rank >= 1",
     **{("LinearAttention", "output_gate", lab): "a bool" for lab in ("True", "False")},

@@ -27,6 +27,7 @@ from linattn.nn.checks import (
     check_positive_number,
     check_x,
 )
+from linattn.nn.conv import causal_conv, sequence_offsets
 from linattn.ops import DELTA_RULES, GATED_RULES
 from linattn.state import State
 
@@ -63,38 +64,6 @@ class LinearAttentionCache:
 
     state: State
     conv: torch.Tensor | None = None
-
-
-def _sequence_offsets(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
-    """Position of every packed token inside its own sequence, ``[T]``."""
-    cu = cu_seqlens.to(torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    rows = torch.repeat_interleave(torch.arange(lengths.numel(), device=cu.device), lengths)
-    return torch.arange(T, device=cu.device) - cu[:-1][rows]
-
-
-def causal_conv(x, weight, history=None, cu_seqlens=None):
-    """Depthwise causal convolution with SiLU: ``y_t = silu(sum_j w[:, j] x_{t-K+1+j})``, x ``[B, T, C]``,
-    weight ``[C, K]``. ``history [B, K-1, C]`` is the input before x (zeros if None); with ``cu_seqlens`` no tap
-    reaches into the previous sequence. Returns (y, the new history: the last K-1 inputs)."""
-    B, T, C = x.shape
-    K = weight.shape[-1]
-    if history is None:
-        history = x.new_zeros(B, K - 1, C)
-    xs = torch.cat([history.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
-    tail = xs[:, T:] if K > 1 else xs[:, :0]
-    if cu_seqlens is None:  # one depthwise conv1d (oneDNN on CPU), valid positions only: the history is the padding
-        y = F.conv1d(xs.transpose(1, 2), weight.unsqueeze(1), groups=C).transpose(1, 2)
-        return F.silu(y), tail
-    offsets = _sequence_offsets(cu_seqlens, T)
-    y = 0
-    for j in range(K):
-        lag = K - 1 - j  # tap j reads token t - lag
-        tap = xs[:, j:j + T] * weight[:, j]
-        if lag:  # no tap reaches into the previous sequence
-            tap = tap * (offsets >= lag).to(x.dtype)[None, :, None]
-        y = y + tap
-    return F.silu(y), tail
 
 
 class LinearAttention(nn.Module):
@@ -374,7 +343,7 @@ class SoftmaxAttention(nn.Module):
         H, D = self.num_heads, self.head_dim
         past = 0 if cache is None else cache.length
         if cu_seqlens is not None:
-            positions = _sequence_offsets(cu_seqlens, T)
+            positions = sequence_offsets(cu_seqlens, T)
         else:
             positions = torch.arange(past, past + T, device=x.device)
         q = rotary(self.q_proj(x).view(B, T, H, D), positions, self.rope_base)

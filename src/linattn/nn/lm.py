@@ -1,6 +1,7 @@
 """A small causal language model with a choice of token mixer per layer: softmax attention, any linattn rule, or
-a hybrid pattern. Pre-norm blocks (RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU MLP -> residual), tied
-embeddings. Small and fast on a CPU: meant for synthetic tasks (MQAR, copying) and for tests of decoding."""
+a hybrid pattern. Pre-norm blocks (RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU MLP -> residual; no MLP with
+``intermediate_size=0``, as zoology's MQAR models), tied embeddings. Small and fast on a CPU: meant for
+synthetic tasks (MQAR, copying) and for tests of decoding."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch import nn
 import linattn
 from linattn import checks
 from linattn.nn.checks import check_int, check_optional_int, check_packing
-from linattn.nn.layers import LinearAttention, RMSNorm, SoftmaxAttention
+from linattn.nn.layers import KVCache, LinearAttention, RMSNorm, SoftmaxAttention, sequence_offsets
 
 MIXERS = ("attention", *linattn.RULES)
 
@@ -47,13 +48,14 @@ class Block(nn.Module):
         super().__init__()
         self.mixer_norm = RMSNorm(hidden_size)
         self.mixer = mixer
-        self.mlp_norm = RMSNorm(hidden_size)
-        self.mlp = MLP(hidden_size, intermediate_size)
+        if intermediate_size:  # 0: a mixer-only block
+            self.mlp_norm = RMSNorm(hidden_size)
+            self.mlp = MLP(hidden_size, intermediate_size)
 
     def forward(self, x, cache=None, cu_seqlens=None):
         y, cache = self.mixer(self.mixer_norm(x), cache=cache, cu_seqlens=cu_seqlens)
         x = x + y
-        return x + self.mlp(self.mlp_norm(x)), cache
+        return (x + self.mlp(self.mlp_norm(x)) if hasattr(self, "mlp") else x), cache
 
 
 class CausalLM(nn.Module):
@@ -63,25 +65,31 @@ class CausalLM(nn.Module):
         vocab_size, hidden_size, num_layers, num_heads, head_dim: the usual sizes.
         mixers: one name for every layer (``"attention"`` or a rule of :data:`linattn.RULES`) or one per layer,
             e.g. :func:`hybrid_pattern`.
-        intermediate_size: MLP width (default ``2 * hidden_size``).
+        intermediate_size: MLP width (default ``2 * hidden_size``); 0 for blocks without an MLP.
+        max_position_embeddings: learned absolute position embeddings added to the token embeddings, for
+            positions ``< max_position_embeddings`` (zoology gives its attention baselines these); 0 (default) for
+            none. Decoding with them needs an attention layer, whose cache counts the positions seen.
         backend: passed to every linattn call of the linear layers (see :func:`linattn.linear_attention`).
         **linear_kwargs: passed to every :class:`LinearAttention` (``num_v_heads``, ``conv_size``,
             ``feature_map``, ``chunk_size`` ...); a name it does not take is a TypeError, even with no linear layer.
 
     ``forward(input_ids, cache=None, cu_seqlens=None) -> (logits, cache)``; ``cache`` is a list with one entry per
-    layer. Feeding the returned cache with the next tokens continues the sequences. With ``cu_seqlens`` (packed
-    training batches) linear layers return one state per sequence and attention layers ``None`` (such a cache
-    continues only a model without attention layers). ``input_ids`` must be integer ids in ``[0, vocab_size)``.
+    layer. :meth:`hidden_states` takes the same arguments and stops before the output head ``[B, T, hidden]``, for
+    losses that need the logits of a few positions only (``model.logits(h[mask])``). Feeding the returned cache
+    with the next tokens continues the sequences. With ``cu_seqlens`` (packed training batches) linear layers
+    return one state per sequence and attention layers ``None`` (such a cache continues only a model without
+    attention layers). ``input_ids`` must be integer ids in ``[0, vocab_size)``.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
                  head_dim: int = 32, mixers: str | Sequence[str] = "gated_delta", intermediate_size: int | None = None,
-                 backend: str = "auto", **linear_kwargs):
+                 max_position_embeddings: int = 0, backend: str = "auto", **linear_kwargs):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
                             ("num_heads", num_heads), ("head_dim", head_dim)):
             check_int(name, value)
-        check_optional_int("intermediate_size", intermediate_size)
+        check_optional_int("intermediate_size", intermediate_size, minimum=0)
+        check_int("max_position_embeddings", max_position_embeddings, minimum=0)
         checks.check_backend(backend)
         allowed = [p.name for p in inspect.signature(LinearAttention).parameters.values()
                    if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("rule", "backend")]
@@ -103,11 +111,15 @@ class CausalLM(nn.Module):
         self.vocab_size = vocab_size
         linear_kwargs["backend"] = backend
         self.embed = nn.Embedding(vocab_size, hidden_size)
+        self.max_position_embeddings = max_position_embeddings
+        if max_position_embeddings:
+            self.position = nn.Embedding(max_position_embeddings, hidden_size)
+            nn.init.normal_(self.position.weight, std=hidden_size**-0.5)
         self.layers = nn.ModuleList(
             Block(
                 SoftmaxAttention(hidden_size, num_heads, head_dim) if name == "attention"
                 else LinearAttention(hidden_size, num_heads, head_dim, rule=name, **linear_kwargs),
-                hidden_size, intermediate_size or 2 * hidden_size,
+                hidden_size, 2 * hidden_size if intermediate_size is None else intermediate_size,
             )
             for name in names
         )
@@ -147,19 +159,50 @@ class CausalLM(nn.Module):
                     "forward returns no cache for attention layers); pass cache=None to start over"
                 )
 
+    def _positions(self, T: int, cache: list | None, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
+        """Absolute positions of this call's tokens: from 0 (each packed sequence from its start), or after the
+        tokens an attention layer's cache has seen."""
+        if cu_seqlens is not None:
+            positions = sequence_offsets(cu_seqlens, T)
+        else:
+            past = 0
+            if cache is not None:
+                seen = [c.length for c in cache if isinstance(c, KVCache)]
+                if not seen:
+                    raise ValueError("cache: a model with max_position_embeddings decodes through an attention "
+                                     "layer's cache (it counts the positions seen); this model has none")
+                past = seen[0]
+            positions = torch.arange(past, past + T, device=device)
+        if int(positions.max()) >= self.max_position_embeddings:
+            raise ValueError(f"input_ids: position {int(positions.max())} is past max_position_embeddings = "
+                             f"{self.max_position_embeddings}")
+        return positions
+
     def forward(self, input_ids: torch.Tensor, cache: list | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+        h, new = self.hidden_states(input_ids, cache, cu_seqlens)
+        return self.logits(h), new
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head (tied embeddings): final hidden states ``[..., hidden]`` -> logits ``[..., vocab]``."""
+        return F.linear(h, self.embed.weight)
+
+    def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None,
+                      cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+        """:meth:`forward` without the head: (final-normed hidden states ``[B, T, hidden]``, cache)."""
         B, T = self._check_ids(input_ids)
         cu_seqlens = check_packing(cu_seqlens, cache, B, T, input_ids.device)
         if cache is not None:
             self._check_cache(cache)
         x = self.embed(input_ids)
+        if self.max_position_embeddings:
+            x = x + self.position(self._positions(T, cache, cu_seqlens, input_ids.device))
         caches = [None] * len(self.layers) if cache is None else cache
         new = []
         for layer, layer_cache in zip(self.layers, caches, strict=True):
             x, c = layer(x, layer_cache, cu_seqlens)
             new.append(c)
-        return F.linear(self.norm(x), self.embed.weight), new
+        return self.norm(x), new
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

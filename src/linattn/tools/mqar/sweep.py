@@ -53,7 +53,8 @@ class SweepConfig:
 
     ``settings``: (seq_len, num_pairs, max steps, batch size). ``lrs``: the learning rates tried with seed 0;
     ``seeds``: all seeds run at the winning learning rate (the first is the sweep's). Width ``d`` is
-    ``num_heads`` heads of ``d / num_heads``."""
+    ``num_heads`` heads of ``d / num_heads``. ``intermediate_size`` 0: blocks without an MLP, as zoology's MQAR
+    models; linear mixers keep their short convolution, pure attention gets absolute positions instead."""
 
     mixers: tuple[str, ...]
     widths: tuple[int, ...]
@@ -63,11 +64,13 @@ class SweepConfig:
     vocab_size: int
     num_layers: int
     num_heads: int
+    intermediate_size: int
     val_examples: int
     test_examples: int
     evals_per_run: int
     patience: int
     quick: bool = False
+    attention_positions: bool = True  # pure-attention models get learned absolute positions (zoology's form)
 
     def __post_init__(self) -> None:
         bad = [m for m in self.mixers if m not in MIXER_SPECS]
@@ -104,12 +107,12 @@ def log_lrs(lo: float, hi: float, n: int) -> tuple[float, ...]:
 
 FULL = SweepConfig(
     mixers=tuple(MIXER_SPECS), widths=(64, 128),
-    settings=((64, 4, 1200, 32), (64, 8, 1200, 32), (256, 16, 1000, 16), (256, 32, 1000, 16)),
-    lrs=log_lrs(1e-3, 10**-1.5, 4), seeds=(0, 1, 2), vocab_size=256, num_layers=2, num_heads=2,
-    val_examples=128, test_examples=512, evals_per_run=25, patience=5)
+    settings=((64, 4, 1000, 32), (64, 8, 1000, 16), (256, 16, 1000, 8), (256, 32, 1000, 8)),
+    lrs=log_lrs(1e-3, 10**-1.5, 4), seeds=(0, 1, 2), vocab_size=80, num_layers=2, num_heads=2,
+    intermediate_size=0, val_examples=128, test_examples=512, evals_per_run=25, patience=5)
 QUICK = SweepConfig(
     mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((32, 4, 40, 16),), lrs=(3e-3, 1e-2), seeds=(0, 1),
-    vocab_size=32, num_layers=2, num_heads=2, val_examples=32, test_examples=64,
+    vocab_size=32, num_layers=2, num_heads=2, intermediate_size=0, val_examples=32, test_examples=64,
     evals_per_run=4, patience=2, quick=True)
 
 
@@ -204,7 +207,9 @@ def train_config(cfg: SweepConfig, job: Job) -> TrainConfig:
     steps, batch = steps_and_batch(cfg, job.seq_len, job.num_pairs)
     return TrainConfig(vocab_size=cfg.vocab_size, seq_len=job.seq_len, train_pairs=(job.num_pairs,),
                        hidden_size=job.d_model, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                       head_dim=job.d_model // cfg.num_heads, batch_size=batch,
+                       head_dim=job.d_model // cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                       attention_positions=cfg.attention_positions,
+                       batch_size=batch,
                        steps=steps, lr=job.lr, seed=job.seed)
 
 

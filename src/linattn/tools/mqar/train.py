@@ -47,6 +47,8 @@ class TrainConfig:
     num_layers: int = 2
     num_heads: int = 2
     head_dim: int = 32
+    intermediate_size: int | None = None  # MLP width (None: 2 x hidden); 0: mixer-only blocks, as zoology
+    attention_positions: bool = False  # learned absolute positions for pure-attention models, as zoology
     batch_size: int = 32
     steps: int = 400
     lr: float = 3e-3
@@ -82,8 +84,9 @@ def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
         mixers: Any = ["attention" if (i + 1) % every == 0 else spec["rule"] for i in range(cfg.num_layers)]
     else:
         mixers = spec["rule"]
+    positions = cfg.seq_len if cfg.attention_positions and spec["rule"] == "attention" else 0
     return CausalLM(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, head_dim, mixers=mixers,
-                    **kwargs)
+                    intermediate_size=cfg.intermediate_size, max_position_embeddings=positions, **kwargs)
 
 
 def state_floats(model: CausalLM) -> int:
@@ -120,10 +123,10 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 def loss_and_accuracy(model: CausalLM, inputs: np.ndarray, targets: np.ndarray) -> tuple[torch.Tensor, float]:
     """Mean cross-entropy over the query positions of ``inputs``/``targets`` ``[B, T]`` (a graph, for backward)
     and the exact-match accuracy there."""
-    logits, _ = model(torch.from_numpy(inputs))
+    h, _ = model.hidden_states(torch.from_numpy(inputs))
     t = torch.from_numpy(targets)
     mask = t != IGNORE
-    sel = logits[mask]
+    sel = model.logits(h[mask])  # the head at the query positions only
     loss = F.cross_entropy(sel, t[mask])
     return loss, (sel.argmax(-1) == t[mask]).float().mean().item()
 
@@ -263,4 +266,7 @@ def evaluate(model: CausalLM, cfg: TrainConfig, *, pairs: tuple[int, ...], examp
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["train_pairs"] = list(cfg.train_pairs)
+    for key, default in (("intermediate_size", None), ("attention_positions", False)):
+        if d[key] == default:  # defaults are recorded as the files and checkpoints made before these options
+            del d[key]
     return d

@@ -1,0 +1,60 @@
+"""Compiled CPU kernels (numba) for the short causal convolution with SiLU of the linear layers: one fused pass
+forward, one backward, instead of the K shifted multiply-adds, the SiLU and their autograd graph (on CPU the
+depthwise convolution is small, memory-bound work that torch spreads over many passes).
+
+Layouts: ``xs [B, K-1+T, C]`` (the history, then the inputs), ``wT [K, C]`` (tap j reads token t - (K-1-j)),
+``offs [T]`` each token's position inside its own sequence (packed inputs: a tap that would reach into the
+previous sequence reads zero), ``pre``/``y``/``gy [B, T, C]``. Serial: one pass over memory, no thread pool.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+
+
+@numba.njit(**_FLAGS)
+def forward(xs, wT, offs, packed, pre):
+    """pre = sum_j wT[j] * xs[t + j], masked across packed boundaries (the SiLU is torch's: its exp is
+    vectorized)."""
+    B, TK, C = xs.shape
+    K = wT.shape[0]
+    T = TK - K + 1
+    for b in range(B):
+        for t in range(T):
+            for c in range(C):
+                pre[b, t, c] = wT[K - 1, c] * xs[b, t + K - 1, c]
+            for j in range(K - 1):
+                if packed and offs[t] < K - 1 - j:
+                    continue
+                for c in range(C):
+                    pre[b, t, c] += wT[j, c] * xs[b, t + j, c]
+
+
+@numba.njit(**_FLAGS)
+def backward(xs, wT, offs, packed, pre, sig, gy, gxs, gwT):
+    """Gradients of silu(:func:`forward`) given ``sig = sigmoid(pre)``: ``gxs [B, K-1+T, C]`` (history rows
+    first) and ``gwT [K, C]`` (summed in float64)."""
+    B, TK, C = xs.shape
+    K = wT.shape[0]
+    T = TK - K + 1
+    one = pre.dtype.type(1.0)
+    gw = np.zeros((K, C), dtype=np.float64)
+    gp = np.empty(C, dtype=pre.dtype)
+    gxs[:] = 0
+    for b in range(B):
+        for t in range(T):
+            for c in range(C):
+                p, s = pre[b, t, c], sig[b, t, c]
+                gp[c] = gy[b, t, c] * s * (one + p * (one - s))
+            for j in range(K):
+                if j < K - 1 and packed and offs[t] < K - 1 - j:
+                    continue
+                for c in range(C):
+                    gxs[b, t + j, c] += wT[j, c] * gp[c]
+                    gw[j, c] += gp[c] * xs[b, t + j, c]
+    for j in range(K):
+        for c in range(C):
+            gwT[j, c] = gw[j, c]
