@@ -358,3 +358,36 @@ def test_prefers_compiled_takes_the_loop_on_one_thread():
     for rule in ("accumulate", "gated", "delta", "gated_delta"):
         assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 1)
         assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 2) == (rule in cpu_numba.COMPILED_RULES_MULTITHREAD)
+
+
+# ---------------------------------------------------------------------------------- L2 features in the kernel
+@pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
+@pytest.mark.parametrize("Dk,Dv,group", [(5, 7, 1), (64, 64, 2), (128, 33, 1)])
+def test_prefill_l2_features_inside_the_kernel(rule, gate, normalize, Dk, Dv, group, monkeypatch):
+    """feature_map="l2" is applied by the kernel as it loads each row of q and k (no normalized copy): equal to
+    the float64 reference on raw q and k, unpacked and packed, with gates near 0, 1 and at -inf."""
+    seen = []
+    real = cpu_backend._numba.prefill if cpu_backend.load() else None
+    monkeypatch.setattr(cpu_backend._numba, "prefill", lambda *a, **kw: seen.append(kw.get("l2qk")) or real(*a, **kw))
+    q, k, v, kw = make(rule, gate, Hq=2, group=group, T=41, Dk=Dk, Dv=Dv)
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(q.shape, generator=gen) * 3, torch.randn(k.shape, generator=gen)  # raw: not unit rows
+    if normalize:  # positive features keep the normalizer z.q away from 0
+        q, k = q.abs(), k.abs()
+    k[:, 5] = 0.0  # a zero key row stays zero
+    B, _, H, _ = v.shape
+    args = dict(kw, normalize=normalize, feature_map="l2", initial_state=initial(B, H, Dk, Dv, normalize))
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+    assert seen == [True]
+    check(o, S, reference_call(q, k, v, **args), 2e-4)
+    cu = torch.tensor([0, 1, 17, 17, 41])  # packed: lengths 1, 16, 0, 24 in one row
+    pk = dict(args, initial_state=None)
+    for name in ("g", "beta"):
+        if name in pk:
+            pk[name] = pk[name][:1]
+    o_p, _ = linattn.linear_attention(q[:1], k[:1], v[:1], backend="cpu", cu_seqlens=cu, **pk)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        if a < b:
+            seg = {n: (x[:, a:b] if isinstance(x, torch.Tensor) else x) for n, x in pk.items()}
+            ref = reference_call(q[:1, a:b], k[:1, a:b], v[:1, a:b], **seg)
+            assert rel_err(o_p[:, a:b], ref[0]) < 2e-4

@@ -38,7 +38,9 @@ def identity(x: torch.Tensor) -> torch.Tensor:
 def l2(x: torch.Tensor) -> torch.Tensor:
     """x / sqrt(sum x^2 + 1e-6): the L2 normalization flash-linear-attention and HF Qwen3-Next apply to q and k
     inside their delta-rule kernels (``use_qk_l2norm_in_kernel``), with their epsilon inside the root."""
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
+    n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # one read of x (x * x then sum: three passes, 3x slower)
+    # expand_as: torch's CPU loop for a size-1 last dimension broadcast ran 4-5x slower than over the expanded view
+    return x * torch.rsqrt(n * n + 1e-6).expand_as(x)
 
 
 def taylor2(x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from linattn import feature_maps
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
@@ -101,7 +102,8 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     cu = (np.arange(B + 1, dtype=np.int64) * T if cu_seqlens is None
           else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
     qf, kf = q.to(torch.float32), k.to(torch.float32)
-    if fmap is not None:
+    l2qk = fmap is feature_maps.l2 and not grad  # the kernel normalizes each row as it loads it: no copy of q, k
+    if fmap is not None and not l2qk:
         qf, kf = fmap(qf), fmap(kf)
     Dk = qf.shape[-1]
     scale = Dk**-0.5 if scale is None else float(scale)
@@ -114,7 +116,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     o = torch.empty(B * T, H, Dv, dtype=torch.float32)
     _numba.prefill(f32(qf, (B * T, Hq, Dk)), f32(kf, (B * T, Hq, Dk)), f32(v, (*flat, Dv)), f32(g, (*flat, -1)),
                    f32(beta, flat), cu, ST.numpy(), o.numpy(), scale=scale, eps=float(eps),
-                   clamp=eps_mode == "clamp", normalize=normalize)
+                   clamp=eps_mode == "clamp", normalize=normalize, l2qk=l2qk)
     return o.view(B, T, H, Dv).to(v.dtype), ST.transpose(-1, -2).contiguous()
 
 

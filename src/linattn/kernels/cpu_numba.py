@@ -302,8 +302,21 @@ _quads_delta_jit = numba.njit(**_INLINE)(_quads_delta)
 _quads_plain_jit = numba.njit(**_INLINE)(_quads_plain)
 
 
+def _l2(x, n):
+    """x[:n] /= sqrt(sum x^2 + 1e-6): the L2 feature map (fla's and Qwen3-Next's epsilon), in place."""
+    s = np.float32(0.0)
+    for i in range(n):
+        s += x[i] * x[i]
+    r = np.float32(1.0) / np.sqrt(s + np.float32(1e-6))
+    for i in range(n):
+        x[i] *= r
+
+
+_l2_jit = numba.njit(**_INLINE)(_l2)
+
+
 def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
-             ckpt, ck_start, cols):
+             ckpt, ck_start, cols, l2qk):
     """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
 
     q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq); G [T, H, 1 or Dk] the gates already exponentiated
@@ -320,7 +333,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
     it: s = a s + k u_j, o_j = s . q, and the next token's prediction p_j = s . k' (k' the next key, times its
     per-channel gate), so each state entry is loaded and stored once per token. Rows go in pairs (the token's
     vectors loaded once per two rows). The dot products need reordered sums (``reassoc``): rounding differs from
-    the torch forms at the 1e-7 level.
+    the torch forms at the 1e-7 level. ``l2qk``: q and k are raw, each row L2-normalized as it is loaded (no
+    normalized copy of q and k in memory).
     """
     N, H, Dw, Dk = ST.shape
     Hq = q.shape[1]
@@ -367,6 +381,9 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
             for i in range(Dk):
                 qa[i] = q[t, hq, i]
                 ka[i] = k[t, hq, i]
+            if l2qk:
+                _l2_jit(qa, Dk)
+                _l2_jit(ka, Dk)
             if delta:
                 if t == t0:  # the first prediction, from the entering state: p_j = S[:, j] . (a-gated k)
                     for i in range(Dk):
@@ -378,12 +395,13 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                             pj += kn[i] * row[i]
                         pn[j - j0] = pj
                 tn = t + 1 if t + 1 < t1 else t  # the next token's key (the last token's prediction is unused)
+                for i in range(Dk):
+                    kn[i] = k[tn, hq, i]
+                if l2qk:
+                    _l2_jit(kn, Dk)
                 if per_channel:
                     for i in range(Dk):
-                        kn[i] = k[tn, hq, i] * G[tn, h, i]
-                else:
-                    for i in range(Dk):
-                        kn[i] = k[tn, hq, i]
+                        kn[i] = kn[i] * G[tn, h, i]
                 ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the prediction
                 bt = beta[t, h]
                 j = j0
@@ -742,10 +760,11 @@ def prefill_cols(pairs: int, Dv: int, threads: int) -> int:
 
 
 def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
-            every: int = 0, cols: int | None = None) -> np.ndarray | None:
+            every: int = 0, cols: int | None = None, l2qk: bool = False) -> np.ndarray | None:
     """Call :func:`_prefill` on float32 NumPy views (``cu`` int64); ``ST`` [N, H, Dw, Dk] is updated in place and
-    ``o`` [T, H, Dv] written. ``every > 0`` also returns the checkpoints ``[count, H, Dw, Dk]`` for
-    :func:`backward`. ``cols``: value rows per work unit (None: :func:`prefill_cols`). Threads: torch's count."""
+    ``o`` [T, H, Dv] written; ``l2qk``: apply the L2 feature map to q and k inside the kernel. ``every > 0`` also
+    returns the checkpoints ``[count, H, Dw, Dk]`` for :func:`backward`. ``cols``: value rows per work unit
+    (None: :func:`prefill_cols`). Threads: torch's count."""
     N, H, Dw, Dk = ST.shape
     gated, delta = g is not None, beta is not None
     if delta and normalize:
@@ -766,7 +785,7 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     if cols < 1:
         raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
     args = (q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
-            ck_start, cols)
+            ck_start, cols, l2qk)
     _launch(prefill_parallel, prefill_serial, args, threads)
     return ckpt if every > 0 else None
 

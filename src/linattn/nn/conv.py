@@ -84,11 +84,9 @@ class _CompiledConv(torch.autograd.Function):
     def backward(ctx, gy):
         xs, weight, pre, sig = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: differentiate the torch form, so higher derivatives are exact
-            with torch.enable_grad():
-                xs_, w_ = xs.detach().requires_grad_(), weight.detach().requires_grad_()
-                y = conv_torch(xs_, w_, ctx.offs)
-                gx, gw = torch.autograd.grad(y, (xs_, w_), gy, create_graph=True)
-            return gx, gw, None, None
+            wanted = [t for t in (xs, weight) if t.requires_grad]
+            got = iter(torch.autograd.grad(conv_torch(xs, weight, ctx.offs), wanted, gy, create_graph=True))
+            return (next(got) if xs.requires_grad else None), (next(got) if weight.requires_grad else None), None, None
         gxs = torch.empty_like(xs, memory_format=torch.contiguous_format)
         gwT = torch.empty(weight.shape[1], weight.shape[0], dtype=weight.dtype)
         off = ctx.offs.numpy() if ctx.offs is not None else _NO_OFFSETS

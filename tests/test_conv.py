@@ -1,0 +1,101 @@
+"""The short causal convolution: the compiled CPU path (float32) against the torch form in float64, values and
+gradients of the input, the weight and the history, packed boundaries, double backward, other dtypes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.kernels import cpu_conv
+from linattn.nn import causal_conv
+from linattn.nn.conv import conv_torch
+
+
+def _inputs(B, T, C, K, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=dtype)
+    w = torch.randn(C, K, generator=g, dtype=dtype)
+    h = torch.randn(B, K - 1, C, generator=g, dtype=dtype)
+    return x, w, h
+
+
+def _reference(x, w, h, offs=None):
+    """Float64 torch form with gradients; returns (y, the tensors whose .grad to read)."""
+    x64, w64, h64 = (t.detach().double().requires_grad_() for t in (x, w, h))
+    return conv_torch(torch.cat([h64, x64], 1), w64, offs), (x64, w64, h64)
+
+
+def _grads(x, w, h, gy, cu=None):
+    ts = [t.detach().clone().requires_grad_() for t in (x, w, h)]
+    y, tail = causal_conv(ts[0], ts[1], ts[2], cu)
+    y.backward(gy)
+    return y, tail, [t.grad for t in ts]
+
+
+@pytest.mark.parametrize("B,T,C,K", [(1, 1, 5, 4), (2, 7, 13, 3), (3, 37, 40, 4), (2, 5, 7, 1), (2, 2, 9, 4),
+                                     (1, 130, 96, 4)])
+def test_compiled_matches_float64(B, T, C, K, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_conv, "forward", _counting(cpu_conv.forward, calls))
+    x, w, h = _inputs(B, T, C, K)
+    gy = torch.randn(B, T, C)
+    y, tail, grads = _grads(x, w, h, gy)
+    assert calls, "float32 CPU input did not reach the compiled kernel"
+    ref, leaves = _reference(x, w, h)
+    ref.backward(gy.double())
+    assert (y.double() - ref).abs().max() < 1e-5 * ref.abs().max()
+    for got, leaf in zip(grads, leaves, strict=True):
+        if leaf.numel():
+            assert (got.double() - leaf.grad).abs().max() <= 2e-5 * max(1.0, float(leaf.grad.abs().max()))
+    assert torch.equal(tail, torch.cat([h, x], 1)[:, T:])
+
+
+def _counting(fn, calls):
+    def wrapped(*args):
+        calls.append(1)
+        return fn(*args)
+    return wrapped
+
+
+@pytest.mark.parametrize("lengths", [[5, 1, 0, 9], [1, 1, 1], [2, 3], [0, 4, 0]])
+def test_packed_restarts_at_every_sequence(lengths):
+    K, C = 4, 11
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    T = int(cu[-1])
+    x, w, _ = _inputs(1, T, C, K, seed=3)
+    gy = torch.randn(1, T, C)
+    y, _, (gx, gw, _) = _grads(x, w, torch.zeros(1, K - 1, C), gy, cu)
+    gw_sum = torch.zeros_like(w, dtype=torch.float64)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        if a == b:
+            continue
+        ref, (x64, w64, _) = _reference(x[:, a:b], w, torch.zeros(1, K - 1, C))
+        ref.backward(gy[:, a:b].double())
+        assert (y[:, a:b].double() - ref).abs().max() < 1e-5
+        assert (gx[:, a:b].double() - x64.grad).abs().max() < 1e-5
+        gw_sum += w64.grad
+    assert (gw.double() - gw_sum).abs().max() < 1e-4
+
+
+def test_double_backward_matches_torch_form():
+    x, w, h = _inputs(2, 9, 6, 4, seed=5)
+    ts = [t.clone().requires_grad_() for t in (x, w, h)]
+    y, _ = causal_conv(*ts)
+    gx, gw = torch.autograd.grad((y ** 2).sum(), (ts[0], ts[1]), create_graph=True)
+    hv = torch.autograd.grad(gx.sum() + gw.sum(), ts)
+    ref, leaves = _reference(x, w, h)
+    rgx, rgw = torch.autograd.grad((ref ** 2).sum(), leaves[:2], create_graph=True)
+    rhv = torch.autograd.grad(rgx.sum() + rgw.sum(), leaves)
+    assert (gx.double() - rgx).abs().max() < 1e-4
+    for a, b in zip(hv, rhv, strict=True):
+        assert (a.double() - b).abs().max() <= 1e-4 * max(1.0, float(b.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_other_dtypes_take_the_torch_form(dtype, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cpu_conv, "forward", _counting(cpu_conv.forward, calls))
+    x, w, h = _inputs(2, 6, 5, 4, seed=7, dtype=dtype)
+    y, _ = causal_conv(x, w, h)
+    assert not calls
+    assert torch.equal(y, conv_torch(torch.cat([h, x], 1), w, None))
