@@ -171,3 +171,55 @@ def test_backend_reaches_every_linattn_call(rule, monkeypatch):
     assert (logits["cpu"][1] - logits["torch"][1]).abs().max() <= 1e-5 * logits["torch"][1].abs().max()
     with pytest.raises(ValueError, match="backend"):
         lnn.CausalLM(30, mixers="attention", backend="numba")
+
+
+# ------------------------------------------------------------------------ mixer-only blocks, absolute positions
+def test_mixer_only_blocks_and_hidden_states():
+    torch.manual_seed(0)
+    m = lnn.CausalLM(40, 16, 2, 2, 8, mixers="delta", intermediate_size=0)
+    assert all(b.mlp is None and b.mlp_norm is None for b in m.layers)
+    assert not any("mlp" in name for name, _ in m.named_parameters())
+    ids = torch.randint(0, 40, (2, 9))
+    logits, _ = m(ids)
+    h, _ = m.hidden_states(ids)
+    assert h.shape == (2, 9, 16)
+    assert torch.equal(m.logits(h), logits)
+    mask = ids > 20
+    assert torch.equal(m.logits(h[mask]), logits[mask])
+
+
+def test_absolute_positions_prefill_decode_and_packing():
+    torch.manual_seed(1)
+    m = lnn.CausalLM(30, 16, 2, 2, 8, mixers=["delta", "attention"], max_position_embeddings=12).double()
+    ids = torch.randint(0, 30, (1, 12))
+    full, _ = m(ids)
+    logits, cache = m(ids[:, :5])
+    steps = [logits]
+    for t in range(5, 12):  # decode continues at positions 5, 6, ...
+        logits, cache = m(ids[:, t:t + 1], cache)
+        steps.append(logits)
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-10
+    # each packed sequence starts again at position 0
+    cu = torch.tensor([0, 4, 12], dtype=torch.int32)
+    packed, _ = m(ids, cu_seqlens=cu)
+    for a, b in ((0, 4), (4, 12)):
+        alone, _ = m(ids[:, a:b])
+        assert (packed[:, a:b] - alone).abs().max() < 1e-10
+    # positions matter: the same tokens shifted by one position give other logits
+    assert (m(ids[:, 1:6])[0] - full[:, 1:6]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        m(ids[:, :1], cache)  # position 12 is past the table
+    linear = lnn.CausalLM(30, 16, 1, 2, 8, mixers="delta", max_position_embeddings=8)
+    _, c = linear(ids[:, :3])
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        linear(ids[:, 3:4], c)  # no attention cache counts the positions
+
+
+def test_sweep_models_follow_zoology():
+    from linattn.tools.mqar.sweep import FULL, Job, train_config
+    from linattn.tools.mqar.train import build_model
+    att = build_model("attention", train_config(FULL, Job("attention", 64, 64, 4, 1e-2, 0)))
+    lin = build_model("delta", train_config(FULL, Job("delta", 64, 64, 4, 1e-2, 0)))
+    hyb = build_model("hybrid", train_config(FULL, Job("hybrid", 64, 64, 4, 1e-2, 0)))
+    assert att.max_position_embeddings == 64 and lin.max_position_embeddings == 0 == hyb.max_position_embeddings
+    assert all(b.mlp is None for model in (att, lin, hyb) for b in model.layers)

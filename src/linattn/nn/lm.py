@@ -48,14 +48,13 @@ class Block(nn.Module):
         super().__init__()
         self.mixer_norm = RMSNorm(hidden_size)
         self.mixer = mixer
-        if intermediate_size:  # 0: a mixer-only block
-            self.mlp_norm = RMSNorm(hidden_size)
-            self.mlp = MLP(hidden_size, intermediate_size)
+        self.mlp_norm = RMSNorm(hidden_size) if intermediate_size else None  # 0: a mixer-only block
+        self.mlp = MLP(hidden_size, intermediate_size) if intermediate_size else None
 
     def forward(self, x, cache=None, cu_seqlens=None):
         y, cache = self.mixer(self.mixer_norm(x), cache=cache, cu_seqlens=cu_seqlens)
         x = x + y
-        return (x + self.mlp(self.mlp_norm(x)) if hasattr(self, "mlp") else x), cache
+        return (x if self.mlp is None else x + self.mlp(self.mlp_norm(x))), cache
 
 
 class CausalLM(nn.Module):
