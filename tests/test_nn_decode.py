@@ -162,6 +162,13 @@ def test_replaced_state_layer_or_memory_rebuilds_the_decoder(calls):
         assert frozen.state.S.is_inference()
         assert torch.equal(layer(x[:, 5:6], frozen)[0], want[0])  # decoded from a copy it can write
         assert not frozen.state.S.is_inference()
+        _, mixed = layer(x[:, :5])
+    with torch.inference_mode():  # a first step under inference mode, the next ones outside it
+        assert torch.equal(layer(x[:, 5:6], mixed)[0], want[0])
+        assert mixed.conv.is_inference()
+    with torch.no_grad():
+        assert torch.equal(layer(x[:, 6:7], mixed)[0], want[1])
+        assert not mixed.conv.is_inference() and not mixed.state.S.is_inference()
         _, leaf = layer(x[:, :5])
         leaf.state = State(leaf.state.S.clone().requires_grad_(), rule="gated_delta", feature_map="l2",
                            normalized=False)

@@ -335,12 +335,14 @@ class LinearAttention(nn.Module):
 
     def _decoder(self, cache: LinearAttentionCache, dtype: torch.dtype) -> linattn.Decoder:
         """The prepared decode loop of ``cache`` for this layer, built on its first in-place step (again when the
-        layer, the cache's state object or its conv tensor was replaced). The state is kept where an in-place step
+        layer, the cache's state object or its conv tensor was replaced, or when tensors made under inference mode
+        are to be written outside it). The state is kept where an in-place step
         can update it; otherwise (not in ``state_dtype``, memory an in-place step refuses, inference tensors outside
         inference mode, a state that requires grad) a copy in linattn's layout replaces it, once. The conv history
         becomes the cache's own contiguous copy in ``dtype`` (x's), which no longer holds the prefill's inputs."""
         held = cache._decoding
-        if held is not None and held[0]() is self and held[1].state is cache.state and held[2] is cache.conv:
+        if held is not None and held[0]() is self and held[1].state is cache.state and held[2] is cache.conv and (
+                torch.is_inference_mode_enabled() or not _frozen(cache)):
             return held[1]
         kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend)
         state, target = cache.state, self.state_dtype or cache.state.dtype
@@ -364,6 +366,11 @@ def _records(q, k, v, g, beta, state: State) -> bool:
     v, g, beta; the state) requires grad."""
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, g, beta, state.S, state.z))
+
+
+def _frozen(cache: LinearAttentionCache) -> bool:
+    """The cache holds inference tensors (made under ``torch.inference_mode``), which cannot be written outside it."""
+    return cache.state.S.is_inference() or (cache.conv is not None and cache.conv.is_inference())
 
 
 def _writable_copy(state: State, dtype: torch.dtype) -> State:
