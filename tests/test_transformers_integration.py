@@ -338,3 +338,12 @@ def test_recurrent_rule_writes_the_state_only_when_it_returns_it():
     assert S_out is not S and torch.equal(S.detach(), S0) and (S_out - S_ref).abs().max() <= 1e-5
     o.sum().backward()
     assert S.grad is not None and S.grad.abs().max() > 0
+    with torch.inference_mode():  # a state made under inference mode: in place there, left as it is outside it
+        S = S0.clone()
+        assert lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)[1] is S
+    with torch.no_grad():
+        o, S_out = lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True)
+    assert S_out is not S and (o - hf_step(q, k, v, g, beta, initial_state=S, use_qk_l2norm_in_kernel=True)[0]
+                               ).abs().max() <= 1e-5

@@ -83,10 +83,12 @@ _DECODERS = WeakTensorKeyDictionary()
 def _decoder(S: torch.Tensor, query, key, value, g, beta, feature_map, scale, backend) -> linattn.Decoder | None:
     """The decoder that updates ``S`` in place for this step, or None where the step must not write S: autograd
     records (grad enabled and an input or S requiring grad), S is not in the accumulation dtype (float32; S's own
-    for float64 inputs, as the functional path), or an in-place step refuses S's memory or inference tensors."""
+    for float64 inputs, as the functional path), S holds inference tensors outside inference mode, or an in-place
+    step refuses S's memory."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, g, beta, S)):
         return None
-    if query.dtype != torch.float64 and S.dtype != torch.float32:
+    if (query.dtype != torch.float64 and S.dtype != torch.float32) or (
+            S.is_inference() and not torch.is_inference_mode_enabled()):
         return None
     made_for = (feature_map, scale, backend)
     held = _DECODERS.get(S)
