@@ -32,7 +32,9 @@ def load_base(src: Path):
         text = path.read_text()
         text = re.sub(r"\blinattn\.", "linattn_base.", text)
         text = re.sub(r"from linattn import", "from linattn_base import", text)
-        path.write_text(re.sub(r"^import linattn$", "import linattn_base as linattn", text, flags=re.M))
+        # Both names bound: "linattn." was rewritten above, a bare "linattn" (an argument, a default) was not.
+        path.write_text(re.sub(r"^import linattn$", "import linattn_base\nimport linattn_base as linattn", text,
+                               flags=re.M))
     sys.path.insert(0, str(tmp))
     import linattn_base
 

@@ -277,3 +277,73 @@ def test_packed_convolution_refuses_what_it_cannot_run():
     packed = lt.causal_conv1d_fn(x, w, activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
     alone = torch.cat([hf_conv(x[..., :4], w, None, "silu"), hf_conv(x[..., 4:], w, None, "silu")], dim=-1)
     assert (packed - alone).abs().max() <= 1e-6 * alone.abs().max()
+
+
+# ------------------------------------------------------------------------------------------------ decode in place
+@pytest.mark.parametrize("B", [1, 2])
+def test_decode_loop_updates_hf_cache_in_place_with_one_call_per_token(calls, B):
+    """HF's decode loop through the patch: the cache's state tensor is updated where it lies (the same object, the
+    same memory), the compiled decode kernel runs once per token, and logits and state equal HF's own code."""
+    import gc
+
+    model = make_model(value_heads=4)  # grouped value heads
+    ids = torch.randint(0, 96, (B, 12), generator=torch.Generator().manual_seed(B))
+    states = {}
+    for name, patch in (("hf", lt.use_hf_torch_fallback), ("ours", lt.patch_qwen3_next)):
+        held = len(lt._DECODERS)
+        with patch(), torch.no_grad():
+            out = model(ids[:, :5], use_cache=True)
+            cache, logits = out.past_key_values, [out.logits]
+            S = cache.layers[0].recurrent_states[0]
+            memory = S.data_ptr()
+            calls.clear()
+            for t in range(5, 12):
+                out = model(ids[:, t:t + 1], cache=cache, use_cache=True)
+                logits.append(out.logits)
+                assert cache.layers[0].recurrent_states[0] is S and S.data_ptr() == memory
+            assert len(lt._DECODERS) == held + (name == "ours")  # one decoder, prepared for this tensor
+        states[name] = torch.cat(logits, dim=1), S.clone()
+        assert len(calls) == (7 if name == "ours" else 0)
+        del out, cache, S
+        gc.collect()
+        assert len(lt._DECODERS) == held  # the decoder went with the cache's tensor
+    scale = states["hf"][0].abs().max()
+    assert (states["ours"][0] - states["hf"][0]).abs().max() <= 1e-5 * scale
+    assert (states["ours"][1] - states["hf"][1]).abs().max() <= 1e-5 * states["hf"][1].abs().max()
+
+
+def test_recurrent_rule_writes_the_state_only_when_it_returns_it():
+    """The decode function on its own: in place when the final state is asked for outside autograd (the same tensor
+    back); the caller's state left as it was without output_final_state or under autograd (gradients flow)."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    hf_step = lt.hf_torch_fallback(m.torch_recurrent_gated_delta_rule)
+    gen = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(2, 1, 2, 8, generator=gen) for _ in range(2))
+    v = torch.randn(2, 1, 4, 6, generator=gen)
+    g, beta = -torch.rand(2, 1, 4, generator=gen), torch.rand(2, 1, 4, generator=gen)
+    S0 = torch.randn(2, 4, 8, 6, generator=gen)
+    o_ref, S_ref = hf_step(q, k, v, g, beta, initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    S = S0.clone()
+    with torch.no_grad():
+        o, S_out = lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True)
+    assert S_out is S and (S - S_ref).abs().max() <= 1e-5 and (o - o_ref).abs().max() <= 1e-5
+    S = S0.clone()
+    o, none = lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, use_qk_l2norm_in_kernel=True)
+    assert none is None and torch.equal(S, S0) and (o - o_ref).abs().max() <= 1e-5
+    S = S0.clone().requires_grad_()
+    o, S_out = lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)
+    assert S_out is not S and torch.equal(S.detach(), S0) and (S_out - S_ref).abs().max() <= 1e-5
+    o.sum().backward()
+    assert S.grad is not None and S.grad.abs().max() > 0
+    with torch.inference_mode():  # a state made under inference mode: in place there, left as it is outside it
+        S = S0.clone()
+        assert lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True,
+                                             use_qk_l2norm_in_kernel=True)[1] is S
+    with torch.no_grad():
+        o, S_out = lt.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True)
+    assert S_out is not S and (o - hf_step(q, k, v, g, beta, initial_state=S, use_qk_l2norm_in_kernel=True)[0]
+                               ).abs().max() <= 1e-5

@@ -37,6 +37,33 @@ def _plain(q, k, v) -> bool:
             and not (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
+def _gate_width(gated: bool, delta: bool, g, beta, B: int, HV: int, D: int) -> int:
+    """The gate width the compiled call reads (0: no gate, 1: one per head, D: one per key channel), or -1 when g
+    or beta is not what it takes: plain float32 contiguous CPU tensors outside autograd, g ``[B, HV]`` (or, gated
+    only, ``[B, HV, D]``; per-channel gates on a delta rule, Kimi Delta, take the torch form), beta ``[B, HV]``,
+    and neither where the rule has none. Their values are the kernel's to check (before it writes)."""
+    width = 0
+    if gated:
+        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
+            return -1
+        g_shape = g.shape
+        if g_shape == (B, HV):
+            width = 1
+        elif g_shape == (B, HV, D) and not delta:
+            width = D
+        else:
+            return -1
+    elif g is not None:
+        return -1
+    if delta:
+        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+                and not beta.requires_grad and beta.shape == (B, HV)):
+            return -1
+    elif beta is not None:
+        return -1
+    return width
+
+
 def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
                backend) -> tuple[torch.Tensor, State] | None:
     """The decode step of :func:`step` in one compiled call, or None when the call is not the plain case.
@@ -47,8 +74,8 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     map, a state in linattn's own layout (made for this rule and map, or with no record, as State.zeros makes it).
     Anything else, and any bad gate value (the kernel checks them before writing), goes through the full path,
     which gives the result or the error that names the argument. Nothing is cached between calls: every fact is
-    read again (a tensor's layout can change in place). The checks are written out inline because a helper
-    function call costs as much as two of them.
+    read again (a tensor's layout can change in place). The checks of g and beta are one helper that
+    :class:`Decoder` shares; the rest are written out inline because a function call costs as much as two of them.
     """
     kd = backends.decode_kernel(backend)
     if kd is None or type(state) is not State or not (inplace is True or inplace is False):
@@ -86,24 +113,8 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     elif not (type(scale) is float and math.isfinite(scale)):
         return None
     gated, delta = rule in GATED_RULES, rule in DELTA_RULES
-    gate_width = 0
-    if gated:  # g [B, HV] or, for gated, [B, HV, D] (per-channel gates on a delta rule, Kimi Delta: the torch form)
-        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
-            return None
-        g_shape = g.shape
-        if g_shape == (B, HV):
-            gate_width = 1
-        elif g_shape == (B, HV, D) and not delta:
-            gate_width = D
-        else:
-            return None
-    elif g is not None:
-        return None
-    if delta:  # beta [B, HV]
-        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
-                and not beta.requires_grad and beta.shape == (B, HV)):
-            return None
-    elif beta is not None:
+    gate_width = _gate_width(gated, delta, g, beta, B, HV, D)
+    if gate_width < 0:
         return None
     # The state: S [B, HV, D, Dv] as columns of one contiguous [B, HV, D, Dw] buffer, z (normalized) its last column.
     S, z = state.S, state.z
@@ -240,23 +251,8 @@ class Decoder:
         Bq, Hq, Dq = q_shape
         if Bq != B or Dq != D or not Hq or HV % Hq:
             return None
-        gate_width = 0
-        if self._gated:
-            if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
-                return None
-            if g.shape == (B, HV):
-                gate_width = 1
-            elif g.shape == (B, HV, D) and not self._delta:
-                gate_width = D
-            else:
-                return None
-        elif g is not None:
-            return None
-        if self._delta:
-            if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
-                    and not beta.requires_grad and beta.shape == (B, HV)):
-                return None
-        elif beta is not None:
+        gate_width = _gate_width(self._gated, self._delta, g, beta, B, HV, D)
+        if gate_width < 0:
             return None
         st = self.state  # read each call: the state may have been replaced (the full path then checks it)
         if type(st) is not State or ((st.rule is not None and st.rule != self.rule)

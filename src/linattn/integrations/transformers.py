@@ -4,8 +4,10 @@
 functions, ``torch_chunk_gated_delta_rule`` (prefill) and ``torch_recurrent_gated_delta_rule`` (one-token decode);
 at import, transformers points them at flash-linear-attention's Triton kernels when fla is installed (which then
 fails on a CPU-only machine: "0 active drivers") and at its own slow torch loops otherwise. The patch points both
-at linattn (chunk form for prefill, :func:`linattn.step` for decode), with the same signature, the same state
+at linattn (chunk form for prefill, a :class:`linattn.Decoder` for decode), with the same signature, the same state
 layout ``[B, HV, Dk, Dv]`` (so HF's cache holds linattn's state unchanged) and packed sequences (``cu_seqlens``).
+A decode step outside autograd updates the cache's state tensor in place, as HF's cache does with the state it is
+given, through a decoder prepared once per state tensor.
 The short convolution runs HF's own torch implementation, which runs everywhere; a packed call
 (``layer(x, cu_seq_lens_q=cu)``) runs :func:`linattn.nn.causal_conv` instead, which restarts the convolution at every
 sequence boundary, so that each packed sequence gives what it gives alone.
@@ -27,6 +29,7 @@ import inspect
 from collections.abc import Mapping
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 import linattn
 from linattn import checks
@@ -71,6 +74,37 @@ def chunk_gated_delta_rule(
     return o.to(query.dtype), None if state is None else state.S
 
 
+# The prepared decode loop of each state tensor that a decode step updated in place (HF's cache holds one per layer):
+# (what it was built for, the Decoder). Weak: an entry goes with its tensor; the Decoder holds a detached alias of
+# it (same memory, another tensor object), so that it does not keep the key alive.
+_DECODERS = WeakTensorKeyDictionary()
+
+
+def _decoder(S: torch.Tensor, query, key, value, g, beta, feature_map, scale, backend) -> linattn.Decoder | None:
+    """The decoder that updates ``S`` in place for this step, or None where the step must not write S: autograd
+    records (grad enabled and an input or S requiring grad), S is not in the accumulation dtype (float32; S's own
+    for float64 inputs, as the functional path), S holds inference tensors outside inference mode, or an in-place
+    step refuses S's memory."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, g, beta, S)):
+        return None
+    if (query.dtype != torch.float64 and S.dtype != torch.float32) or (
+            S.is_inference() and not torch.is_inference_mode_enabled()):
+        return None
+    made_for = (feature_map, scale, backend)
+    held = _DECODERS.get(S)
+    if held is not None and held[0] == made_for:
+        mine = held[1].state.S  # the same memory, unless S was re-pointed in place (set_, resize_)
+        if mine.data_ptr() == S.data_ptr() and mine.shape == S.shape and mine.stride() == S.stride():
+            return held[1]
+    try:
+        dec = linattn.Decoder(State(S.detach()), rule="gated_delta", feature_map=feature_map, scale=scale,
+                              backend=backend)
+    except ValueError:  # memory or inference tensors an in-place step refuses: the functional path
+        return None
+    _DECODERS[S] = (made_for, dec)
+    return dec
+
+
 def recurrent_gated_delta_rule(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -85,17 +119,31 @@ def recurrent_gated_delta_rule(
     backend: str = "auto",
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """HF's ``torch_recurrent_gated_delta_rule`` signature: one token through :func:`linattn.step` (longer inputs
-    take the chunk form, the same function)."""
+    """HF's ``torch_recurrent_gated_delta_rule`` signature: one token through linattn's decode step (longer inputs
+    take the chunk form, the same function).
+
+    With ``initial_state`` and ``output_final_state=True`` (HF's decode step with a cache), outside autograd and
+    with the state in float32 (or float64 inputs), the step updates ``initial_state`` in place through a
+    :class:`linattn.Decoder` kept for that tensor, and returns it as the final state: HF's cache then copies it onto
+    itself. Otherwise (autograd records, another state dtype, no state, or the final state not asked for) it runs
+    :func:`linattn.step` and leaves ``initial_state`` as it was, as HF's own function does."""
     if query.shape[1] != 1 or cu_seqlens is not None:
         return chunk_gated_delta_rule(query, key, value, g, beta, initial_state=initial_state,
                                       output_final_state=output_final_state,
                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                       scale=scale, backend=backend)
+    feature_map = "l2" if use_qk_l2norm_in_kernel else None
+    q, k, v, g, beta = query[:, 0], key[:, 0], value[:, 0], g[:, 0], beta[:, 0]
+    dec = None
+    if initial_state is not None and output_final_state:
+        dec = _decoder(initial_state, q, k, v, g, beta, feature_map, scale, backend)
+    if dec is not None:  # contiguous rows: the layout of the one-call kernel at batch > 1
+        o = dec(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous())
+        return o[:, None].to(query.dtype), initial_state
     o, state = linattn.step(
-        query[:, 0], key[:, 0], value[:, 0], None if initial_state is None else State(initial_state),
-        rule="gated_delta", g=g[:, 0], beta=beta[:, 0], feature_map="l2" if use_qk_l2norm_in_kernel else None,
-        scale=scale, state_dtype=torch.float32 if query.dtype != torch.float64 else None, backend=backend,
+        q, k, v, None if initial_state is None else State(initial_state), rule="gated_delta", g=g, beta=beta,
+        feature_map=feature_map, scale=scale, state_dtype=torch.float32 if query.dtype != torch.float64 else None,
+        backend=backend,
     )
     return o[:, None].to(query.dtype), state.S if output_final_state else None
 

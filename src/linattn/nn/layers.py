@@ -3,13 +3,15 @@
 Both take ``x [B, T, hidden]`` and return ``(y [B, T, hidden], cache)``. The cache is what decoding needs next:
 the recurrent state and the short convolution's last inputs (linear), or the keys and values seen so far
 (softmax). Passing it back continues the sequence: a full forward equals a prefill at any split point followed by
-token-by-token decode, to rounding.
+token-by-token decode, to rounding. A linear layer's decode step outside autograd updates its cache in place and
+returns the same object (as HF's and fla's caches); ``LinearAttentionCache.clone()`` branches a generation.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -60,10 +62,29 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 @dataclass
 class LinearAttentionCache:
     """Decode state of one :class:`LinearAttention` layer: ``state`` (S, z) and ``conv`` ``[B, K-1, C]``, the last
-    K-1 inputs of the short convolution (``None`` without one)."""
+    K-1 inputs of the short convolution (``None`` without one).
+
+    Updated in place: a decode step (one token) outside autograd overwrites ``state`` and ``conv`` and returns this
+    same object, so an earlier reference to the cache, or to its tensors, follows the generation. To continue one
+    prefix in two ways (beam search, sampling several answers), decode each branch from its own :meth:`clone`.
+    Under autograd a decode step leaves the cache as it is and returns a new one (the gradient needs the old state).
+    """
 
     state: State
     conv: torch.Tensor | None = None
+    # The prepared decode loop of the layer decoding this cache: (weakref to that layer, its linattn.Decoder, the conv
+    # tensor it updates), built on the first in-place step; never copied (see __getstate__).
+    _decoding: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def clone(self) -> LinearAttentionCache:
+        """A deep copy (its own state and convolution history, no prepared decoder): decoding one never changes the
+        other."""
+        conv = None if self.conv is None else self.conv.clone(memory_format=torch.contiguous_format)
+        return LinearAttentionCache(self.state.clone(), conv)
+
+    def __getstate__(self) -> dict:
+        # copy.deepcopy and pickle take the state and history only: the decoder is rebuilt on the next step.
+        return {**self.__dict__, "_decoding": None}
 
 
 class LinearAttention(nn.Module):
@@ -89,8 +110,11 @@ class LinearAttention(nn.Module):
         state_dtype: the recurrent state's accumulation dtype, passed to :func:`linattn.linear_attention` and
             :func:`linattn.step`; ``None`` (default) is linattn's own (float32, also under bfloat16 weights).
 
-    ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``. One token with a cache decodes through
-    :func:`linattn.step`; longer inputs run ``form`` with the cache's state as initial state. With ``cu_seqlens``
+    ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``. One token with a cache decodes through a
+    :class:`linattn.Decoder` kept on the cache (built on its first decode step), which updates the cache in place and
+    returns the same object; while autograd records (grad enabled and an input, parameter or the state requiring
+    grad) it decodes through :func:`linattn.step` instead and returns a new cache, leaving the old one as it was.
+    Longer inputs run ``form`` with the cache's state as initial state and return a new cache. With ``cu_seqlens``
     (batch 1, packed sequences) the cache returned holds one entry per sequence. Every argument is checked up front:
     ``x`` must be ``[B, T, hidden_size]`` in the parameters' dtype and device, ``cu_seqlens`` as in the API, and a
     cache must come from a layer of the same rule, feature map, heads and widths, for the same batch.
@@ -252,6 +276,14 @@ class LinearAttention(nn.Module):
         beta = _wide(self.b_proj(x)).sigmoid() if self.rule in DELTA_RULES else None
         kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend,
                       state_dtype=self.state_dtype)
+        if T == 1 and cache is not None and not _records(q, k, v, g, beta, cache.state):
+            dec = self._decoder(cache, x.dtype)
+            o = dec(q[:, 0].contiguous(), k[:, 0].contiguous(), v[:, 0].contiguous(),  # B > 1: the one-call layout
+                    None if g is None else g[:, 0].contiguous(), None if beta is None else beta[:, 0].contiguous())
+            if conv_tail is not None:
+                cache.conv.copy_(conv_tail)
+            cache.state = dec.state  # the same tensors (a step off the compiled path may wrap them anew)
+            return self._output(o[:, None], x), cache
         if T == 1 and cache is not None:
             o, state = linattn.step(q[:, 0], k[:, 0], v[:, 0], cache.state, g=None if g is None else g[:, 0],
                                     beta=None if beta is None else beta[:, 0], **kwargs)
@@ -260,10 +292,65 @@ class LinearAttention(nn.Module):
             o, state = linattn.linear_attention(
                 q, k, v, g=g, beta=beta, initial_state=None if cache is None else cache.state,
                 output_final_state=True, chunk_size=self.chunk_size, form=self.form, cu_seqlens=cu_seqlens, **kwargs)
+        return self._output(o, x), LinearAttentionCache(state, conv_tail)
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``o [B, T, HV, Dv]`` -> ``y [B, T, hidden]``: the per-head RMSNorm, the output gate, the projection."""
+        B, T, HV, Dv = o.shape
         o = self.o_norm(o)
         if self.z_proj is not None:
             o = o * F.silu(self.z_proj(x).view(B, T, HV, Dv))
-        return self.o_proj(o.reshape(B, T, HV * Dv)), LinearAttentionCache(state, conv_tail)
+        return self.o_proj(o.reshape(B, T, HV * Dv))
+
+    def _decoder(self, cache: LinearAttentionCache, dtype: torch.dtype) -> linattn.Decoder:
+        """The prepared decode loop of ``cache`` for this layer, built on its first in-place step (again when the
+        layer, the cache's state object or its conv tensor was replaced, or when tensors made under inference mode
+        are to be written outside it). The state is kept where an in-place step
+        can update it; otherwise (not in ``state_dtype``, memory an in-place step refuses, inference tensors outside
+        inference mode, a state that requires grad) a copy in linattn's layout replaces it, once. The conv history
+        becomes the cache's own contiguous copy in ``dtype`` (x's), which no longer holds the prefill's inputs."""
+        held = cache._decoding
+        if held is not None and held[0]() is self and held[1].state is cache.state and held[2] is cache.conv and (
+                torch.is_inference_mode_enabled() or not _frozen(cache)):
+            return held[1]
+        kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend)
+        state, target = cache.state, self.state_dtype or cache.state.dtype
+        dec = None
+        if state.dtype == target:
+            try:
+                dec = linattn.Decoder(state, **kwargs)
+            except ValueError:  # the in-place check refused this state's memory: decode a copy
+                dec = None
+        if dec is None:
+            dec = linattn.Decoder(_writable_copy(state, target), **kwargs)
+        if cache.conv is not None:
+            cache.conv = cache.conv.detach().to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+        cache.state = dec.state
+        cache._decoding = (weakref.ref(self), dec, cache.conv)
+        return dec
+
+
+def _records(q, k, v, g, beta, state: State) -> bool:
+    """Autograd records this decode step: grad is enabled and an input of the step (x or a parameter behind q, k,
+    v, g, beta; the state) requires grad."""
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, g, beta, state.S, state.z))
+
+
+def _frozen(cache: LinearAttentionCache) -> bool:
+    """The cache holds inference tensors (made under ``torch.inference_mode``), which cannot be written outside it."""
+    return cache.state.S.is_inference() or (cache.conv is not None and cache.conv.is_inference())
+
+
+def _writable_copy(state: State, dtype: torch.dtype) -> State:
+    """``state`` in ``dtype`` in linattn's own layout (S and z one contiguous buffer), outside autograd, keeping its
+    record: a state an in-place step updates where it lies."""
+    S, z = state.S.detach(), None if state.z is None else state.z.detach()
+    fresh = State.zeros(*S.shape, normalizer=z is not None, dtype=dtype, device=S.device)
+    fresh.S.copy_(S)
+    if z is not None:
+        fresh.z.copy_(z)
+    return State(fresh.S, fresh.z, rule=state.rule, feature_map=state.feature_map, normalized=state.normalized)
 
 
 def _packed_tails(qkv: torch.Tensor, K: int, cu_seqlens: torch.Tensor) -> torch.Tensor:
