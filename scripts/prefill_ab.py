@@ -1,4 +1,6 @@
-"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread.
+"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread;
+also gated delta with ``feature_map="l2"`` on raw q and k (whole call, "auto") and one forward + backward of an
+``nn.LinearAttention`` delta layer with its short convolution (B=8, T=256, width 128: an MQAR training shape).
 
     mkdir -p /tmp/linattn-base && git archive 9a62b5c src | tar -x -C /tmp/linattn-base
     python scripts/prefill_ab.py /tmp/linattn-base/src src
@@ -35,6 +37,22 @@ with torch.no_grad():
         for _ in range(7):
             t0=time.perf_counter(); f(); ts.append((time.perf_counter()-t0)*1e3)
         out[name]=statistics.median(ts)
+    f=lambda: linattn.linear_attention(q,k,v,rule="gated_delta",g=g,beta=beta,feature_map="l2")
+    f(); f()
+    ts=[]
+    for _ in range(7):
+        t0=time.perf_counter(); f(); ts.append((time.perf_counter()-t0)*1e3)
+    out["gated_delta l2 call"]=statistics.median(ts)
+from linattn.nn import LinearAttention
+layer=LinearAttention(128,2,64,rule="delta")
+x=torch.randn(8,256,128,requires_grad=True)
+def train_step():
+    y,_=layer(x); y.square().mean().backward()
+train_step(); train_step()
+ts=[]
+for _ in range(7):
+    t0=time.perf_counter(); train_step(); ts.append((time.perf_counter()-t0)*1e3)
+out["nn delta layer fwd+bwd"]=statistics.median(ts)
 print(json.dumps(out))
 '''
 trees = {"base": sys.argv[1], "this": sys.argv[2]}  # src/ folders
@@ -46,4 +64,4 @@ for _round in range(3):
 for case in res["base"][0]:
     b = statistics.median(x[case] for x in res["base"])
     t = statistics.median(x[case] for x in res["this"])
-    print(f"{case:12s} base {b:7.1f} ms  this {t:7.1f} ms  this/base {t/b:.2f}")
+    print(f"{case:24s} base {b:7.1f} ms  this {t:7.1f} ms  this/base {t/b:.2f}")
