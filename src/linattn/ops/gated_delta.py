@@ -115,8 +115,9 @@ def chunk(q, k, v, *, g=None, beta, initial_state, chunk_size=64, scale=1.0):
     acc = carry_dtype(q.dtype)
     M, Nw = M.view(N, n, Dk, Dk).to(acc), Nw.view(N, n, Dk, Dv).to(acc)
     states = [initial_state.reshape(N, Dk, Dv).to(acc)]
-    for c in range(n):
-        states.append(torch.baddbmm(Nw[:, c], M[:, c], states[-1]))
+    # unbind, not M[:, c]: the backward of each index would write a zero tensor of M's whole size (n^2 traffic)
+    for M_c, N_c in zip(M.unbind(1), Nw.unbind(1), strict=True):
+        states.append(torch.baddbmm(N_c, M_c, states[-1]))
     S_before = torch.stack(states[:-1], dim=1).view(-1, Dk, Dv).to(q.dtype)
     o = torch.bmm(q_in - torch.bmm(P, W), S_before).baddbmm_(P, U, beta=scale, alpha=scale)
     return o.view(B, H, n * C, Dv)[:, :, :T], states[-1].view(B, H, Dk, Dv)
