@@ -208,10 +208,18 @@ def run_decode(limits_copy: dict) -> list[dict]:
 
 
 def load_kernel(src: str):
+    """The other tree's kernel module, loaded from its file. Its numba disk cache goes to a fresh folder: entries
+    cached for a module loaded this way cannot be reloaded by a later process (numba looks for '<dynamic>')."""
+    import numba
+
     path = Path(src) / "linattn" / "kernels" / "cpu_numba.py"
     spec = importlib.util.spec_from_file_location("base_cpu_numba", path)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    old, numba.config.CACHE_DIR = numba.config.CACHE_DIR, tempfile.mkdtemp(prefix="linattn-base-numba-")
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        numba.config.CACHE_DIR = old
     return mod
 
 

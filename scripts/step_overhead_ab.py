@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def load_base(src: Path):
     """The other revision's package, imported as ``linattn_base`` (a renamed copy, so both load in one process)."""
     tmp = Path(tempfile.mkdtemp())
-    shutil.copytree(src / "linattn", tmp / "linattn_base")
+    # Without __pycache__: numba's disk cache there may index kernels of another loader ('<dynamic>' on reload).
+    shutil.copytree(src / "linattn", tmp / "linattn_base", ignore=shutil.ignore_patterns("__pycache__"))
     for path in (tmp / "linattn_base").rglob("*.py"):
         text = path.read_text()
         text = re.sub(r"\blinattn\.", "linattn_base.", text)
