@@ -27,9 +27,12 @@ def elu1(x: torch.Tensor) -> torch.Tensor:
     Written as exp(min(x, 0)) + relu(x), i.e. x + 1 for x > 0 and exp(x) otherwise: the same function, but
     ``elu(x) + 1`` rounds to exactly 0 for very negative x (e.g. -20 in float32), which would zero the token's key
     instead of shrinking it. Two passes fewer than a ``torch.where`` of both branches (3x faster on a CPU); the
-    derivative at 0 is 1 (relu's is 0 there).
+    derivative at 0 is 1 (relu's is 0 there). Without autograd, two of its temporaries are reused in place (on a
+    CPU each fresh full-size tensor costs its page faults).
     """
-    return torch.exp(x.clamp_max(0)) + torch.relu(x)
+    if torch.is_grad_enabled():
+        return torch.exp(x.clamp_max(0)) + torch.relu(x)
+    return x.clamp_max(0).exp_().add_(torch.relu(x))
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
