@@ -77,7 +77,7 @@ class _CompiledConv(torch.autograd.Function):
         kernel.forward(xs_c.numpy(), wT.numpy(), off, offs is not None, pre.numpy())
         sig = torch.sigmoid(pre)
         ctx.save_for_backward(xs, weight, pre, sig)
-        ctx.offs, ctx.kernel = offs, kernel
+        ctx.offs, ctx.kernel, ctx.arrays = offs, kernel, (xs_c, wT)  # the contiguous copies the backward reads too
         return pre * sig
 
     @staticmethod
@@ -90,7 +90,8 @@ class _CompiledConv(torch.autograd.Function):
         gxs = torch.empty_like(xs, memory_format=torch.contiguous_format)
         gwT = torch.empty(weight.shape[1], weight.shape[0], dtype=weight.dtype)
         off = ctx.offs.numpy() if ctx.offs is not None else _NO_OFFSETS
-        ctx.kernel.backward(xs.detach().contiguous().numpy(), weight.detach().t().contiguous().numpy(), off,
+        xs_c, wT = ctx.arrays
+        ctx.kernel.backward(xs_c.numpy(), wT.numpy(), off,
                             ctx.offs is not None, pre.numpy(), sig.numpy(), gy.contiguous().numpy(), gxs.numpy(),
                             gwT.numpy())
         return gxs, gwT.t(), None, None
