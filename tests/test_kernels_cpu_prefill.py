@@ -218,6 +218,30 @@ def test_compiled_backward_under_auto_only_where_enabled(monkeypatch):
     assert calls == [1] and rel_err(gq2, np64(gq)) < 1e-4
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_auto_takes_compiled_backward_for_per_channel_gates(monkeypatch, threads):
+    """GLA's per-channel gates take the compiled backward under "auto" at one thread, and at more only from
+    ``BACKWARD_MULTITHREAD_MIN_ROWS`` (token, head) rows; gates per head keep the torch chunk backward. The
+    gradients agree with the torch form's either way."""
+    from linattn.kernels import cpu_numba
+
+    calls = []
+    real = cpu_backend.load().backward
+    monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    for gate, rows, compiled in (("head", 1, False), ("channel", 1 << 30, threads == 1), ("channel", 1, True)):
+        monkeypatch.setattr(cpu_numba, "BACKWARD_MULTITHREAD_MIN_ROWS", rows)
+        q, k, v, kw = make("gated", gate, B=2, T=21, Hq=2, Dk=5, Dv=3)
+        g = kw.pop("g").requires_grad_(True)
+        calls.clear()
+        o, _ = linattn.linear_attention(q, k, v, g=g, **kw)
+        (gg,) = torch.autograd.grad(o.square().sum(), g)
+        o_t, _ = linattn.linear_attention(q, k, v, g=g, backend="torch", **kw)
+        (gg_t,) = torch.autograd.grad(o_t.square().sum(), g)
+        assert calls == ([1] if compiled else []), (gate, rows)
+        assert rel_err(gg, np64(gg_t)) < 1e-4 and rel_err(o, np64(o_t)) < 1e-5
+
+
 def test_parallel_builds_match_serial(monkeypatch):
     """The prange builds (taken above PARALLEL_MIN_WORK with more than one thread) give the serial results,
     forward and backward, packed and grouped."""

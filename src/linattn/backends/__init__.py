@@ -13,7 +13,8 @@ numba token loop (:mod:`linattn.kernels.cpu_numba`, through :mod:`linattn.backen
 The compiled CPU prefill runs from a float32 state on CPU tensors, with grouped value heads, per-channel gates on
 every gated rule (Kimi Delta Attention on gated_delta) and packed sequences (``cu_seqlens``, one state per
 sequence, no padding). It has a compiled backward (reverse-time token loop from state checkpoints): "cpu" takes it
-whenever inputs require grad, "auto" only for the rules in ``AUTO_BACKWARD_RULES`` (measured faster). Another state
+whenever inputs require grad, "auto" for the rules in ``AUTO_BACKWARD_RULES`` and for per-channel gates where
+``cpu_numba.prefers_compiled_backward`` says so (measured faster). Another state
 dtype, a device other than the CPU, or an argument the kernel does not know runs the torch form; so does
 autograd through the decode step. If numba is missing or fails to load, "cpu" and "auto" run the torch form after
 one warning.
@@ -95,12 +96,15 @@ def linear_attention(
     refusal = cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
     # The compiled backward has no functorch rule: under torch.func transforms (vmap, grad, jacrev) "auto" keeps
     # the torch forms. A double backward (create_graph) recomputes in the torch forms (cpu.exact_backward).
-    auto_ok = form in AUTO_FORMS and (not grad or (rule in AUTO_BACKWARD_RULES and not functorch_active()))
+    B, T = q.shape[:2]
+    H, Dv = v.shape[-2:]
+    threads = torch.get_num_threads()
+    backward_ok = rule in AUTO_BACKWARD_RULES or (cpu.load() is not None and cpu.load().prefers_compiled_backward(
+        rule, g is not None and g.dim() == 4 and g.shape[-1] > 1, B, T, H, threads))
+    auto_ok = form in AUTO_FORMS and (not grad or (backward_ok and not functorch_active()))
     if not resolve(backend, refusal, auto_ok):
         return None
-    H, Dv = v.shape[-2:]
-    if backend == "auto" and not cpu.load().prefers_compiled(rule, q.shape[0], q.shape[1], H, Dv,
-                                                             torch.get_num_threads()):
+    if backend == "auto" and not cpu.load().prefers_compiled(rule, B, T, H, Dv, threads):
         return None  # measured: the torch chunk form is faster for this rule at this thread count
     return cpu.prefill(q, k, v, g, beta, state, fmap, scale, normalize, eps, eps_mode, grad, cu_seqlens)
 

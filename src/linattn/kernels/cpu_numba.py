@@ -712,6 +712,20 @@ def prefers_compiled(rule: str, B: int, T: int, H: int, D: int, threads: int) ->
     return threads <= 1 or rule in COMPILED_RULES_MULTITHREAD
 
 
+# GLA's per-key-channel gates under autograd: the torch chunk form's backward builds [C, C, Dk] decay products that
+# the compiled reverse loop never forms. One thread: 0.66x the torch chunk form's forward + backward at B=1, T=8192,
+# H=8, D=64 (scripts/compiled_backward_cost.py) and 0.81-1.00x of a whole MQAR training step at widths 64 and 128,
+# T 64 and 256. At 2 threads it won at T=8192 (0.85x) but not at a training step's 4,096 (token, head) rows.
+BACKWARD_MULTITHREAD_MIN_ROWS = 1 << 16
+
+
+def prefers_compiled_backward(rule: str, per_channel: bool, B: int, T: int, H: int, threads: int) -> bool:
+    """Whether "auto" should differentiate a gated prefill through the compiled backward (the delta rules always
+    do, ``linattn.backends.AUTO_BACKWARD_RULES``): per key channel, at one thread or from
+    ``BACKWARD_MULTITHREAD_MIN_ROWS`` (token, head) rows; one gate per head keeps the torch chunk backward."""
+    return rule == "gated" and per_channel and (threads <= 1 or B * T * H >= BACKWARD_MULTITHREAD_MIN_ROWS)
+
+
 def _threads(work: int, pairs: int, decode: bool = False) -> int:
     """Threads for a call sweeping ``work`` state entries over ``pairs`` (sequence, head) pairs: torch's count,
     or 1 when the job is too small to pay for waking the pool (for a decode step: below the decode threshold)."""
