@@ -60,8 +60,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args.reps)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_step_ab import emit
+
     from linattn.tools.harness import machine
-    from linattn.tools.harness.results import atomic_write
 
     load = os.getloadavg()[0]
     got: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
@@ -78,10 +80,7 @@ def main() -> None:
     for name, rows in got.items():
         for i, r in enumerate(rows):
             lines.append(f"| {name} | {i + 1} | {r['1']:.1f} | {r['2']:.1f} | {r['1'] / r['2']:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        atomic_write(args.output, lambda tmp: tmp.write_text(text))
+    emit(lines, args.output)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ from linattn.tools.harness.results import atomic_write
 from linattn.tools.mqar.train import TrainConfig, build_model, loss_and_accuracy, train_batch
 
 
+def emit(lines: list[str], output: str | None) -> None:
+    """Print the table; with ``output``, also write it atomically to that new file."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if output:
+        atomic_write(output, lambda tmp: tmp.write_text(text))
+
+
 def step(cfg: TrainConfig, model, opt, i: int) -> float:
     """Seconds of one training step on batch ``i``."""
     batch = train_batch(cfg, i)
@@ -66,10 +74,7 @@ def main() -> None:
         lines.append(f"| {width} | {T} | {cfg.batch_size} | {t:.1f} | {a:.1f} | {a / t:.2f}x |")
         print(lines[-1], flush=True)
     lines.append(f"load average after {os.getloadavg()[0]:.2f}")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        atomic_write(args.output, lambda tmp: tmp.write_text(text))
+    emit(lines, args.output)
 
 
 if __name__ == "__main__":
