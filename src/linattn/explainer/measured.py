@@ -18,7 +18,7 @@ from typing import Any
 RECALL_FILE = "recall_d64.json"
 STABILITY_FILE = "stability_cpu.json"
 STABILITY_RECURRENT_FILE = "stability_cpu_recurrent.json"
-MQAR_FILE = "mqar_cpu_4000steps_seeds.json"
+MQAR_FILE = "mqar_sweep.json"
 RECALL_MECHANISMS = ("softmax", "accumulate", "gated a=0.9", "gated a=0.99", "delta")
 
 
@@ -48,14 +48,14 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
         ]
 
     mqar = json.loads((root / MQAR_FILE).read_text())
-    mqar_rows = [
-        {"mixer": m["mixer"], "state_floats": m["state_floats"], "seeds": len(m["seeds"]),
-         "acc_all@8": m["metrics"]["acc_all@8"]["mean"], "acc_all@12": m["metrics"]["acc_all@12"]["mean"]}
-        for m in mqar["mixers"]
-    ]
+    groups, mqar_rows = mqar_table(mqar)
     return {
         "mqar_file": f"benchmarks/results/{MQAR_FILE}",
-        "mqar_config": {k: mqar["config"][k] for k in ("seq_len", "train_pairs", "steps", "num_layers", "head_dim")},
+        "mqar_config": {"num_layers": mqar["config"]["num_layers"], "lrs": mqar["config"]["lrs"],
+                        "seeds": len(mqar["config"]["seeds"]),
+                        "max_steps": max(setting[2] for setting in mqar["config"]["settings"]),
+                        "runs": mqar["progress"]["finished"], "total_runs": mqar["progress"]["total"]},
+        "mqar_groups": groups,
         "mqar": mqar_rows,
         "recall_file": f"benchmarks/results/{RECALL_FILE}",
         "recall_config": {k: recall["config"][k] for k in ("d", "trials")},
@@ -64,6 +64,21 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
         "stability_files": [f"benchmarks/results/{STABILITY_FILE}", f"benchmarks/results/{STABILITY_RECURRENT_FILE}"],
         "stability": lengths(STABILITY_FILE, "chunk") + lengths(STABILITY_RECURRENT_FILE, "recurrent"),
     }
+
+
+def mqar_table(doc: dict[str, Any]) -> tuple[list[dict[str, int]], list[dict[str, Any]]]:
+    """The MQAR sweep's best entries as a table: the (width, length, pairs) groups in which every mixer has its
+    three seeds (a partial sweep shows only those), and per mixer its state floats by width and, per group, the
+    mean test accuracy at the winning learning rate and whether that entry is on the plateau."""
+    mixers = doc["config"]["mixers"]
+    best = {(b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"]): b for b in doc["best"]}
+    keys = sorted({k[1:] for k in best}, key=lambda g: (g[1], g[2], g[0]))  # length, pairs, then width
+    groups = [g for g in keys if all((m, *g) in best and best[(m, *g)]["complete"] for m in mixers)]
+    rows = [{"mixer": m,
+             "state_floats": {str(d): best[(m, d, T, n)]["state_floats"] for d, T, n in groups},
+             "accuracy": [best[(m, *g)]["test_mean"] for g in groups],
+             "plateau": [best[(m, *g)]["plateau"] for g in groups]} for m in mixers]
+    return [{"d_model": d, "seq_len": T, "num_pairs": n} for d, T, n in groups], rows
 
 
 def load_measured() -> dict[str, Any]:
