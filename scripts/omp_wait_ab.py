@@ -23,7 +23,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-VARIANTS = {"default (spin)": {}, "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}
+VARIANTS = {"default (spin)": None, "OMP_WAIT_POLICY=PASSIVE": "PASSIVE"}  # the variable's value (None: unset)
 
 
 def child(reps: int) -> None:
@@ -64,13 +64,19 @@ def main() -> None:
     from train_step_ab import emit
 
     from linattn.tools.harness import machine
+    from linattn.tools.harness.results import check_writable
 
+    if args.output:
+        check_writable(args.output)  # before minutes of timing, not after
     load = os.getloadavg()[0]
     got: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
-    for _ in range(args.rounds):
-        for name, env in VARIANTS.items():
+    for r in range(args.rounds):
+        for name in list(VARIANTS) if r % 2 == 0 else list(VARIANTS)[::-1]:  # the order alternates each round
+            env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+            if VARIANTS[name] is not None:
+                env["OMP_WAIT_POLICY"] = VARIANTS[name]
             out = subprocess.run([sys.executable, __file__, "--child", "--reps", str(args.reps)], check=True,
-                                 capture_output=True, text=True, env={**os.environ, **env}).stdout
+                                 capture_output=True, text=True, env=env).stdout
             got[name].append(json.loads(out.strip().splitlines()[-1]))
     lines = [f"# omp_wait_ab.py --rounds {args.rounds} --reps {args.reps}",
              f"# {datetime.now(timezone.utc).isoformat(timespec='seconds')}  {machine.processor_name()}, "

@@ -1,8 +1,9 @@
-"""One MQAR training step (the sweep's model: mixer-only blocks, 2 layers, 2 heads) with "auto" taking the compiled
-backward where ``cpu_numba.prefers_compiled_backward`` says so, against the torch chunk backward, in turns in one
-process (the order alternating each round) so that load changes hit both alike. Usage, from the repository root:
+"""One MQAR training step of the gated (GLA, per-channel gates) model of the sweep (mixer-only blocks, 2 layers, 2
+heads) with "auto" taking the compiled prefill and backward where ``cpu_numba.prefers_compiled_backward`` says so,
+against the torch path (forward and backward in the torch chunk form), in turns in one process (the order
+alternating each round) so that load changes hit both alike. Usage, from the repository root:
 
-    python scripts/train_step_ab.py --mixer gated --threads 1 [--output benchmarks/results/NAME_cpu.txt]
+    python scripts/train_step_ab.py --threads 1 [--output benchmarks/results/NAME_cpu.txt]
 
 Prints median milliseconds per step (forward, backward, AdamW) per (width, sequence length) and the ratio;
 ``--output`` writes the table atomically to a new file (an existing file is never overwritten).
@@ -20,7 +21,7 @@ import torch
 
 from linattn.kernels import cpu_numba
 from linattn.tools.harness import machine
-from linattn.tools.harness.results import atomic_write
+from linattn.tools.harness.results import atomic_write, check_writable
 from linattn.tools.mqar.train import TrainConfig, build_model, loss_and_accuracy, train_batch
 
 
@@ -45,21 +46,22 @@ def step(cfg: TrainConfig, model, opt, i: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mixer", default="gated")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--output", default=None)
     args = parser.parse_args()
+    if args.output:
+        check_writable(args.output)  # before minutes of timing, not after
     torch.set_num_threads(args.threads)
     real = cpu_numba.prefers_compiled_backward
-    lines = [f"# train_step_ab.py --mixer {args.mixer} --threads {args.threads} --rounds {args.rounds}",
+    lines = [f"# train_step_ab.py --threads {args.threads} --rounds {args.rounds}",
              f"# {datetime.now(timezone.utc).isoformat(timespec='seconds')}  {machine.processor_name()}, "
              f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f}",
-             "| width | T | batch | torch backward ms | auto ms | auto / torch |", "|---|---|---|---|---|---|"]
+             "| width | T | batch | torch path ms | auto ms | auto / torch |", "|---|---|---|---|---|---|"]
     for width, T in ((64, 64), (128, 64), (64, 256), (128, 256)):
         cfg = TrainConfig(vocab_size=80, seq_len=T, train_pairs=(4,), hidden_size=width, num_layers=2, num_heads=2,
                           head_dim=width // 2, intermediate_size=0, batch_size=2048 // T)
-        model = build_model(args.mixer, cfg)
+        model = build_model("gated", cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
         times: dict[str, list[float]] = {"torch": [], "auto": []}

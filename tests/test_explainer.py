@@ -15,7 +15,7 @@ from linattn import memory, reference
 from linattn.cli import main
 from linattn.explainer import build_page, lab_source, scenes
 from linattn.explainer import lab_standalone as lab_np
-from linattn.explainer.measured import load_measured, summarize
+from linattn.explainer.measured import load_measured, mqar_table, summarize
 from linattn.tools import lab as torch_lab
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -120,6 +120,28 @@ def test_measured_summary_matches_the_result_files():
     if not RESULTS.is_dir():
         pytest.skip("benchmarks/results is not here (installed package)")
     assert load_measured() == json.loads(json.dumps(summarize(RESULTS)))
+
+
+def test_mqar_table_shows_only_groups_every_mixer_finished():
+    """A group enters the explainer's MQAR table once every mixer has all its seeds; an unfinished one stays out,
+    and a sweep with no finished group gives an empty table (the page then says so)."""
+    def entry(mixer, d, pairs, mean, complete=True, plateau=False):
+        return {"mixer": mixer, "d_model": d, "seq_len": 64, "num_pairs": pairs, "state_floats": 0 if mixer ==
+                "attention" else d * d // 2, "test_mean": mean, "test_min": mean - 0.1, "test_max": mean + 0.05,
+                "plateau": plateau, "complete": complete}
+
+    doc = {"config": {"mixers": ["attention", "delta"]},
+           "best": [entry("attention", 64, 4, 0.99), entry("delta", 64, 4, 0.45, plateau=True),
+                    entry("attention", 64, 8, 0.98), entry("delta", 64, 8, 0.7, complete=False),
+                    entry("attention", 128, 4, 0.97)]}
+    groups, rows = mqar_table(doc)
+    assert groups == [{"d_model": 64, "seq_len": 64, "num_pairs": 4}]
+    assert rows[0] == {"mixer": "attention", "kv_cache": True, "state_floats": {"64": 0},
+                       "accuracy": [[0.99, 0.89, 1.04]], "plateau": [False]}
+    assert rows[1]["kv_cache"] is False and rows[1]["state_floats"] == {"64": 2048}
+    assert rows[1]["plateau"] == [True] and rows[1]["accuracy"][0][0] == 0.45
+    doc["best"] = [e for e in doc["best"] if e["num_pairs"] == 8]
+    assert mqar_table(doc) == ([], [])
 
 
 def test_cli_writes_refuses_overwrite_and_writes_lab(tmp_path):

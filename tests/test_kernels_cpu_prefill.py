@@ -242,6 +242,36 @@ def test_auto_takes_compiled_backward_for_per_channel_gates(monkeypatch, threads
         assert rel_err(gg, np64(gg_t)) < 1e-4 and rel_err(o, np64(o_t)) < 1e-5
 
 
+def test_per_channel_backward_threshold_counts_token_head_rows(monkeypatch):
+    """At more than one thread the compiled backward starts at exactly BACKWARD_MULTITHREAD_MIN_ROWS rows of
+    (sequence, token, value head): B * T * HV."""
+    from linattn.kernels import cpu_numba
+
+    calls = []
+    real = cpu_backend.load().backward
+    monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    q, k, v, kw = make("gated", "channel", B=2, T=21, Hq=2, group=2, Dk=5, Dv=3)
+    q.requires_grad_(True)
+    rows = 2 * 21 * 4
+    for threshold, compiled in ((rows, True), (rows + 1, False)):
+        monkeypatch.setattr(cpu_numba, "BACKWARD_MULTITHREAD_MIN_ROWS", threshold)
+        calls.clear()
+        o, _ = linattn.linear_attention(q, k, v, **kw)
+        torch.autograd.grad(o.sum(), q)
+        assert calls == ([1] if compiled else []), threshold
+
+
+def test_torch_backend_never_loads_the_kernels(monkeypatch):
+    """backend="torch" decides before anything asks for the compiled kernels (no import, no warning)."""
+    monkeypatch.setattr(cpu_backend, "load", lambda: (_ for _ in ()).throw(AssertionError("kernels loaded")))
+    q, k, v, kw = make("gated", "channel", B=1, T=13, Hq=2, Dk=5, Dv=3)
+    q.requires_grad_(True)
+    o, _ = linattn.linear_attention(q, k, v, backend="torch", **kw)
+    o.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
 def test_parallel_builds_match_serial(monkeypatch):
     """The prange builds (taken above PARALLEL_MIN_WORK with more than one thread) give the serial results,
     forward and backward, packed and grouped."""

@@ -58,6 +58,16 @@ def functorch_active() -> bool:
     return bool(active()) if active is not None else False
 
 
+def compiled_backward_pays(rule: str, g: torch.Tensor | None, B: int, T: int, H: int, threads: int) -> bool:
+    """Whether "auto" should differentiate this CPU prefill through the compiled backward (measured faster): the
+    rules in ``AUTO_BACKWARD_RULES`` always, per-channel gates where ``cpu_numba.prefers_compiled_backward`` says so."""
+    if rule in AUTO_BACKWARD_RULES:
+        return True
+    kernels = cpu.load()
+    per_channel = g is not None and g.dim() == 4 and g.shape[-1] > 1
+    return kernels is not None and kernels.prefers_compiled_backward(rule, per_channel, B, T, H, threads)
+
+
 def resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
     """True when the compiled CPU kernel should run. A forced "cpu" that cannot take the call is an error."""
     if backend == "torch":
@@ -91,17 +101,16 @@ def linear_attention(
     if kt is not None:
         return kt.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap, scale=scale,
                                    normalize=normalize, eps=eps, eps_mode=eps_mode, chunk_size=chunk_size)
-    if backend == "triton" or q.is_cuda:
+    if backend in ("triton", "torch") or q.is_cuda:
         return None
     refusal = cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
-    # The compiled backward has no functorch rule: under torch.func transforms (vmap, grad, jacrev) "auto" keeps
-    # the torch forms. A double backward (create_graph) recomputes in the torch forms (cpu.exact_backward).
     B, T = q.shape[:2]
     H, Dv = v.shape[-2:]
     threads = torch.get_num_threads()
-    backward_ok = rule in AUTO_BACKWARD_RULES or (cpu.load() is not None and cpu.load().prefers_compiled_backward(
-        rule, g is not None and g.dim() == 4 and g.shape[-1] > 1, B, T, H, threads))
-    auto_ok = form in AUTO_FORMS and (not grad or (backward_ok and not functorch_active()))
+    # The compiled backward has no functorch rule: under torch.func transforms (vmap, grad, jacrev) "auto" keeps
+    # the torch forms. A double backward (create_graph) recomputes in the torch forms (cpu.exact_backward).
+    auto_ok = backend != "auto" or (form in AUTO_FORMS and (not grad or (
+        not functorch_active() and compiled_backward_pays(rule, g, B, T, H, threads))))
     if not resolve(backend, refusal, auto_ok):
         return None
     if backend == "auto" and not cpu.load().prefers_compiled(rule, B, T, H, Dv, threads):

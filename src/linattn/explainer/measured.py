@@ -66,17 +66,24 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
     }
 
 
+# Mixers of the MQAR sweep with a softmax attention layer: they keep a KV cache that grows with the sequence.
+MQAR_ATTENTION_MIXERS = ("attention", "hybrid")
+
+
 def mqar_table(doc: dict[str, Any]) -> tuple[list[dict[str, int]], list[dict[str, Any]]]:
     """The MQAR sweep's best entries as a table: the (width, length, pairs) groups in which every mixer has its
-    three seeds (a partial sweep shows only those), and per mixer its state floats by width and, per group, the
-    mean test accuracy at the winning learning rate and whether that entry is on the plateau."""
+    three seeds (a partial sweep shows only those; none: empty lists), and per mixer its state floats by width,
+    whether it also keeps a KV cache, and per group the test accuracy at the winning learning rate (mean, min, max
+    over the seeds) and whether that entry is on the plateau."""
     mixers = doc["config"]["mixers"]
     best = {(b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"]): b for b in doc["best"]}
     keys = sorted({k[1:] for k in best}, key=lambda g: (g[1], g[2], g[0]))  # length, pairs, then width
     groups = [g for g in keys if all((m, *g) in best and best[(m, *g)]["complete"] for m in mixers)]
-    rows = [{"mixer": m,
+    if not groups:
+        return [], []
+    rows = [{"mixer": m, "kv_cache": m in MQAR_ATTENTION_MIXERS,
              "state_floats": {str(d): best[(m, d, T, n)]["state_floats"] for d, T, n in groups},
-             "accuracy": [best[(m, *g)]["test_mean"] for g in groups],
+             "accuracy": [[best[(m, *g)][k] for k in ("test_mean", "test_min", "test_max")] for g in groups],
              "plateau": [best[(m, *g)]["plateau"] for g in groups]} for m in mixers]
     return [{"d_model": d, "seq_len": T, "num_pairs": n} for d, T, n in groups], rows
 

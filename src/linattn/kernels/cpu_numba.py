@@ -712,10 +712,10 @@ def prefers_compiled(rule: str, B: int, T: int, H: int, D: int, threads: int) ->
     return threads <= 1 or rule in COMPILED_RULES_MULTITHREAD
 
 
-# GLA's per-key-channel gates under autograd: the torch chunk form's backward builds [C, C, Dk] decay products that
-# the compiled reverse loop never forms. One thread: 0.66x the torch chunk form's forward + backward at B=1, T=8192,
-# H=8, D=64 (scripts/compiled_backward_cost.py) and 0.81-1.00x of a whole MQAR training step at widths 64 and 128,
-# T 64 and 256. At 2 threads it won at T=8192 (0.85x) but not at a training step's 4,096 (token, head) rows.
+# GLA's per-key-channel gates under autograd: the torch chunk form's backward builds the chunk's decay products,
+# the compiled reverse loop does not. One thread, B=1, T=8192, H=8, D=64 (scripts/compiled_backward_cost.py): even
+# in a quiet run, 0.68x in a loaded one; a whole MQAR training step at widths 64 and 128, T 64 and 256, 0.81-1.00x
+# (scripts/train_step_ab.py). At 2 threads 0.85x at T=8192, not measured faster at a training step's 4,096 rows.
 BACKWARD_MULTITHREAD_MIN_ROWS = 1 << 16
 
 

@@ -601,8 +601,8 @@ scene({ id: "long", title: T("Over long histories the state's range grows", "长
 scene({ id: "quality", title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
   text: [T("A hypothetical experiment: decode attention takes about 0.3 ms at 2K, 8K and 32K tokens, but exact long-range retrieval falls from 98% to 89% and 61%. Flat latency says the fixed state works; it says nothing about what the state still holds. The table lists each symptom, the first suspect and a control experiment. These numbers are for diagnosis practice only, and a linear layer usually needs training to adapt: softmax weights dropped into it are not equivalent.",
       "假想实验：解码注意力在 2K、8K、32K 时都约 0.3 ms，但远距离精确检索的准确率从 98% 降到 89%、61%。延迟平稳说明固定状态生效了，却说明不了状态里还保留着什么。表中列出每种现象、优先怀疑的原因和对照实验。这些数字只用于练习诊断；换成线性结构通常需要训练适配，把 softmax 层的权重原样放进去并不等价。"),
-    T("Measured, with training: linattn's MQAR sweep (multi-query associative recall in zoology's setup, 2-layer models). For each mixer and setting, the best of four learning rates, then the mean test accuracy of 3 seeds at that rate, at most 1,000 steps on CPU. Columns: model width d, sequence length T and stored pairs; the state column counts the floats each model keeps (attention keeps a growing KV cache instead); * marks an entry that stayed on the loss plateau at every learning rate.",
-      "有训练的实测：linattn 的 MQAR 扫描（多查询关联回忆，按 zoology 的设置，2 层模型）。每种混合器与每种设置取四个学习率中最好的一个，再报告该学习率下 3 个种子的平均测试准确率，CPU 上最多 1,000 步。列为模型宽度 d、序列长度 T 与存储的键值对数；状态列为每个模型保存的浮点数（注意力改为保存不断增长的 KV 缓存）；* 表示在所有学习率下都停在损失平台期。")],
+    T("Measured, with training: linattn's MQAR sweep (multi-query associative recall in zoology's setup, 2-layer models, at most 1,000 steps on CPU). Per mixer and setting: the learning rate (of four) with seed 0's best validation accuracy, then the test accuracy of 3 seeds at that rate, mean and lowest–highest. Columns: width d, length T, stored pairs. State: the floats of the fixed-size state; an attention layer adds a KV cache that grows with the sequence. *: no learning rate got past twice chance (chance: a random one of the stored values).",
+      "有训练的实测：linattn 的 MQAR 扫描（多查询关联回忆，按 zoology 的设置，2 层模型，CPU 上最多 1,000 步）。每种混合器与设置：先取种子 0 验证准确率最高的学习率（四个之一），再报告该学习率下 3 个种子的测试准确率，平均与最低–最高。列：宽度 d、长度 T、存储的键值对数。状态：固定大小状态的浮点数；注意力层另有随序列增长的 KV 缓存。*：没有任何学习率超过两倍随机水平（随机：从存储的值里随便挑一个）。")],
   build(root) {
     const q = DATA.quality.hypothetical, m = DATA.measured, view = h("div", {});
     root.append(view);
@@ -617,13 +617,17 @@ scene({ id: "quality", title: T("Speed stays flat, quality may fall as the histo
           [T("repeated keys get overwritten", "重复 key 容易覆盖"), T("write rule and associative capacity", "写入规则与关联容量"), T("compare accumulate, gated, delta", "比较累加、门控、delta 结构")],
           [T("only long low-precision runs fail", "只有低精度长序列出错"), T("accumulated rounding error", "数值累加误差"), T("float64 / float32 reference on the same input", "同输入的 FP64 / FP32 参考")]].map((r) => r.map(tr)), { id: "quality-table", text: true }));
       } else {
-        const widths = (r) => Object.keys(r.state_floats).sort((a, b) => a - b);
-        view.append(table([tr(T("mixer", "混合器")), tr(T("state floats", "状态浮点数")) + " (" + widths(m.mqar[0]).map((d) => "d " + d).join(" / ") + ")",
+        const src = h("p", { class: "muted" }, ui("source") + m.mqar_file + tr(T(` (${m.mqar_config.runs} of ${m.mqar_config.total_runs} runs finished)`, `（已完成 ${m.mqar_config.runs} / ${m.mqar_config.total_runs} 次运行）`)));
+        if (!m.mqar_groups.length) {
+          view.append(h("p", {}, tr(T("No setting has finished for every mixer yet.", "还没有一个设置对所有混合器都已完成。"))), src);
+          return;
+        }
+        const widths = Object.keys(m.mqar[0].state_floats).sort((a, b) => a - b), kv = tr(T("KV cache", "KV 缓存"));
+        const state = (r) => (widths.every((d) => r.state_floats[d]) ? widths.map((d) => bytes(r.state_floats[d])).join(" / ") + (r.kv_cache ? " + " + kv : "") : kv);
+        const pct = (x) => Math.round(100 * x);
+        view.append(table([tr(T("mixer", "混合器")), tr(T("state floats", "状态浮点数")) + " (" + widths.map((d) => "d " + d).join(" / ") + ")",
           ...m.mqar_groups.map((g) => `d ${g.d_model} · T ${g.seq_len} · ` + tr(T(`${g.num_pairs} pairs`, `${g.num_pairs} 对`)))],
-          m.mqar.map((r) => [r.mixer, widths(r).every((d) => r.state_floats[d]) ? widths(r).map((d) => bytes(r.state_floats[d])).join(" / ") : tr(T("KV cache", "KV 缓存")),
-            ...r.accuracy.map((a, i) => Math.round(100 * a) + "%" + (r.plateau[i] ? "*" : ""))]), { id: "mqar-table" }),
-        h("p", { class: "muted" }, ui("source") + m.mqar_file + tr(T(` (${m.mqar_config.runs} of ${m.mqar_config.total_runs} runs finished; best of ${m.mqar_config.lrs.length} learning rates, mean of ${m.mqar_config.seeds} seeds)`,
-          `（已完成 ${m.mqar_config.runs} / ${m.mqar_config.total_runs} 次运行；${m.mqar_config.lrs.length} 个学习率中取最好，${m.mqar_config.seeds} 个种子的平均）`))));
+          m.mqar.map((r) => [r.mixer, state(r), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table" }), src);
       }
     };
   } });
