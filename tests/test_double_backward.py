@@ -26,10 +26,11 @@ def inputs(rule, *, B=1, T=37, H=2, D=5, Dv=3, dtype=torch.float32, per_channel=
     return {n: t.requires_grad_() for n, t in x.items()}
 
 
-def hvp(rule, x, backend, feature_map, normalize, cu_seqlens=None):
-    """d/dx <grad_x L, u> for L = sum(o * w): every input's row of the Hessian-vector product."""
+def hvp(rule, x, backend, feature_map, normalize, cu_seqlens=None, **extra):
+    """d/dx <grad_x L, u> for L = sum(o * w): every input's row of the Hessian-vector product (``extra``: more
+    arguments of linear_attention, e.g. form and chunk_size)."""
     o, _ = linattn.linear_attention(x["q"], x["k"], x["v"], rule=rule, feature_map=feature_map, normalize=normalize,
-                                    g=x.get("g"), beta=x.get("beta"), backend=backend, cu_seqlens=cu_seqlens)
+                                    g=x.get("g"), beta=x.get("beta"), backend=backend, cu_seqlens=cu_seqlens, **extra)
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)  # the same w in any dtype
     names = list(x)
@@ -74,6 +75,37 @@ def test_compiled_prefill_ran_in_the_forward(monkeypatch):
     x = inputs("delta")
     hvp("delta", x, "auto", "l2", None)
     assert seen
+
+
+@pytest.mark.parametrize(("rule", "per_channel"), [("accumulate", False), ("gated", False), ("gated", True)])
+def test_hessian_vector_product_over_many_chunks(rule, per_channel):
+    """The chunk form's carry from chunk to chunk has an exact second derivative: over five chunks (the last one
+    partial) its Hessian-vector product equals the recurrent form's, in float64."""
+    x = inputs(rule, T=37, dtype=torch.float64, per_channel=per_channel)
+    got = hvp(rule, x, "torch", "elu1", None, form="chunk", chunk_size=8)
+    want = hvp(rule, x, "torch", "elu1", None, form="recurrent")
+    for n in x:
+        assert rel(got[n], want[n]) < 1e-10, (n, rel(got[n], want[n]))
+
+
+@pytest.mark.parametrize(("rule", "per_channel"), [("accumulate", False), ("gated", False), ("gated", True)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_torch_func_grad_over_many_chunks(rule, per_channel, dtype):
+    """torch.func.grad differentiates the chunk form over several chunks (its carry is a custom autograd Function)
+    and gives autograd's gradient: the recurrent form's in float64, the chunk form's own in bfloat16; "auto"
+    keeps the torch forms under the transform."""
+    x = {n: t.detach() for n, t in inputs(rule, T=37, dtype=dtype, per_channel=per_channel).items()}
+
+    def loss(v, form, backend="torch"):
+        o, _ = linattn.linear_attention(x["q"], x["k"], v, rule=rule, feature_map="elu1", g=x.get("g"), form=form,
+                                        chunk_size=8, backend=backend)
+        return o.float().pow(2).sum()
+
+    v = x["v"].clone().requires_grad_()
+    want = torch.autograd.grad(loss(v, "recurrent" if dtype == torch.float64 else "chunk"), v)[0]
+    for backend in ("torch", "auto"):
+        got = torch.func.grad(lambda v_, b=backend: loss(v_, "chunk", b))(x["v"])
+        assert rel(got.double(), want.double()) < (1e-10 if dtype == torch.float64 else 1e-6), backend
 
 
 @pytest.mark.parametrize("rule", ["delta", "gated_delta"])

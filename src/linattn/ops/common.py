@@ -97,7 +97,8 @@ class ChunkCarry(torch.autograd.Function):
 
     Inputs: dS ``[N, n, Dk, Dv]`` (each chunk's own writes, already decayed to its end), decay ``None`` or
     ``[N, n, 1 or Dk, 1]`` (the chunk's total gate), S0 ``[N, Dk, Dv]``. Returns (S_before ``[N, n, Dk, Dv]`` in
-    dS's dtype, S_final ``[N, Dk, Dv]`` in ``carry_dtype``).
+    dS's dtype, S_final ``[N, Dk, Dv]`` in ``carry_dtype``, and S_before in ``carry_dtype`` when that differs from
+    dS's dtype, else an empty tensor: for the backward only).
 
     A hand-written backward because autograd through a Python loop of n slices would keep n graph nodes and
     copy the whole buffer at each; here both directions are one fused multiply-add per chunk into one buffer.
@@ -106,11 +107,11 @@ class ChunkCarry(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, dS, decay, S0):
+    def forward(dS, decay, S0):
         # The running sum is kept in float32 even for a half-precision state: adding many small chunk writes to
         # a large bfloat16 state rounds them away. The states the chunks read are stored in dS's dtype.
         acc = carry_dtype(dS.dtype)
-        ctx.dtypes = (dS.dtype, None if decay is None else decay.dtype, S0.dtype)
+        out_dtype = dS.dtype
         dS, S0 = dS.to(acc), S0.to(acc)
         decay = None if decay is None else decay.to(acc)
         n = dS.shape[1]
@@ -123,22 +124,38 @@ class ChunkCarry(torch.autograd.Function):
                 torch.addcmul(dS[:, c - 1], decay[:, c - 1], S_before[:, c - 1], out=S_before[:, c])
         last = S_before[:, -1] if decay is None else decay[:, -1] * S_before[:, -1]
         S_final = last + dS[:, -1]
-        ctx.save_for_backward(decay, S_before)
-        return S_before.to(ctx.dtypes[0]), S_final
+        # The third output is the carry at full precision for the backward, where it differs from the first (an
+        # output, since torch.func transforms save only inputs and outputs); else empty: the first is saved.
+        before = S_before.to(out_dtype)
+        return before, S_final, S_before if before is not S_before else S_before.new_empty(0)
 
     @staticmethod
-    def backward(ctx, grad_before, grad_final):
+    def setup_context(ctx, inputs, output):
+        dS, decay, S0 = inputs
+        ctx.dtypes = (dS.dtype, None if decay is None else decay.dtype, S0.dtype)
+        ctx.mark_non_differentiable(output[2])
+        S_before = output[2] if output[2].numel() else output[0]
+        ctx.save_for_backward(None if decay is None else decay.to(S_before.dtype), S_before)
+
+    @staticmethod
+    def backward(ctx, grad_before, grad_final, _grad_carry):
         decay, S_before = ctx.saved_tensors
         n = S_before.shape[1]
         grad_before = torch.zeros_like(S_before) if grad_before is None else grad_before.to(S_before.dtype)
         grad_final = torch.zeros_like(S_before[:, 0]) if grad_final is None else grad_final.to(S_before.dtype)
-        grad_dS = torch.empty_like(S_before)
-        grad_dS[:, -1] = grad_final
-        for c in range(n - 1, 0, -1):
-            if decay is None:
-                torch.add(grad_before[:, c], grad_dS[:, c], out=grad_dS[:, c - 1])
-            else:
-                torch.addcmul(grad_before[:, c], decay[:, c], grad_dS[:, c], out=grad_dS[:, c - 1])
+        if torch.is_grad_enabled():  # create_graph or a torch.func transform differentiates this backward:
+            rows = [grad_final]  # no out= and no writes into a buffer whose slices the graph saved
+            for c in range(n - 1, 0, -1):
+                rows.append(grad_before[:, c] + (rows[-1] if decay is None else decay[:, c] * rows[-1]))
+            grad_dS = torch.stack(rows[::-1], dim=1)
+        else:
+            grad_dS = torch.empty_like(S_before)
+            grad_dS[:, -1] = grad_final
+            for c in range(n - 1, 0, -1):
+                if decay is None:
+                    torch.add(grad_before[:, c], grad_dS[:, c], out=grad_dS[:, c - 1])
+                else:
+                    torch.addcmul(grad_before[:, c], decay[:, c], grad_dS[:, c], out=grad_dS[:, c - 1])
         grad_S0 = grad_before[:, 0] + (grad_dS[:, 0] if decay is None else decay[:, 0] * grad_dS[:, 0])
         grad_decay = None
         if decay is not None and ctx.needs_input_grad[1]:

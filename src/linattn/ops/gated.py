@@ -192,7 +192,7 @@ def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64, scale=1.0
         decay = exp_in(G_last, dt).transpose(-1, -2)  # [N, n, Dk or 1, 1]
     dS = torch.bmm(k_out.transpose(1, 2), v2).view(N, n, Dk, Dv)
     # A loop over chunks, not a weighted sum of all of them: a NaN in chunk c then cannot reach earlier chunks.
-    S_before, S_final = ChunkCarry.apply(dS, decay, initial_state.reshape(N, Dk, Dv))
+    S_before, S_final, _ = ChunkCarry.apply(dS, decay, initial_state.reshape(N, Dk, Dv))
     # o = scale * (Q_in S_before + A V): the second product accumulates in place into the first.
     o = torch.bmm(q_in, S_before.view(-1, Dk, Dv)).baddbmm_(A, v2, beta=scale, alpha=scale)
     return o.view(B, H, n * C, Dv)[:, :, :T], S_final.view(B, H, Dk, Dv)
