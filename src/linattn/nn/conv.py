@@ -10,6 +10,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from linattn.backends import functorch_active
+
 _kernel = None
 _failed = False
 
@@ -33,7 +35,9 @@ def causal_conv(x, weight, history=None, cu_seqlens=None):
     xs = torch.cat([history.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
     tail = xs[:, T:] if K > 1 else xs[:, :0]
     offs = None if cu_seqlens is None else sequence_offsets(cu_seqlens, T)
-    kernel = _load() if x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 else None
+    # The compiled pass reads raw memory, which torch.func wrappers lack: under a transform the torch form runs.
+    plain = x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and not functorch_active()
+    kernel = _load() if plain else None
     if kernel is not None:
         return _CompiledConv.apply(xs, weight, offs, kernel), tail
     return conv_torch(xs, weight, offs), tail
