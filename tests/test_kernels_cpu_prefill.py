@@ -272,6 +272,29 @@ def test_torch_backend_never_loads_the_kernels(monkeypatch):
     assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_torch_func_transforms_never_reach_the_compiled_kernels():
+    """The compiled kernels read raw memory, which torch.func's wrapped tensors lack: under a transform "auto" runs
+    the torch forms (linattn.step under vmap equals a loop of steps), and a forced "cpu" is a ValueError that says
+    why, for linear_attention and step alike."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(3, 2, 4, generator=gen) for _ in range(3))
+    k = F.normalize(k, dim=-1)
+    beta = torch.rand(1, 2, generator=gen)
+    state = State.zeros(1, 2, 4, 4, normalizer=False)
+
+    def one(q_, backend="auto"):
+        return linattn.step(q_[None], k[:1], v[:1], state, rule="delta", beta=beta, backend=backend)[0][0]
+
+    got = torch.func.vmap(one)(q)
+    want = torch.stack([one(q[i]) for i in range(3)])
+    assert rel_err(got, np64(want)) < 1e-6
+    with pytest.raises(ValueError, match="backend='cpu' cannot run this call: it reads raw tensor memory"):
+        torch.func.vmap(lambda q_: one(q_, "cpu"))(q)
+    qs, ks, vs = (torch.randn(1, 9, 2, 4, generator=gen) for _ in range(3))
+    with pytest.raises(ValueError, match="torch.func transforms"):
+        torch.func.grad(lambda v_: linattn.linear_attention(qs, ks, v_, backend="cpu")[0].sum())(vs)
+
+
 def test_parallel_builds_match_serial(monkeypatch):
     """The prange builds (taken above PARALLEL_MIN_WORK with more than one thread) give the serial results,
     forward and backward, packed and grouped."""

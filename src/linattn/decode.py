@@ -240,7 +240,7 @@ class Decoder:
     def _fast(self, q, k, v, g, beta) -> torch.Tensor | None:
         """The compiled call when this token is the plain case, else None (nothing written)."""
         kd = self._kd
-        if kd is None:
+        if kd is None or backends.functorch_active():
             return None
         B, HV, D, Dv, Dw = self._dims
         if not _plain(q, k, v):

@@ -47,15 +47,19 @@ def decode_kernel(backend: str):
 
     ``linattn.step`` asks this first and proves the rest (shapes, layouts, the state's record) itself; any call
     that is not the plain case runs through :func:`step` below."""
-    if backend == "cpu" or (backend == "auto" and "step" in AUTO_FORMS):
+    if (backend == "cpu" or (backend == "auto" and "step" in AUTO_FORMS)) and not functorch_active():
         return cpu.decode_module()
     return None
 
 
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)  # looked up once: decode is hot
+# Why a compiled CPU kernel cannot run under torch.func: it reads tensors' memory, which the transforms' wrappers lack.
+TRANSFORM_REFUSAL = "it reads raw tensor memory, which torch.func transforms (vmap, grad, jacrev, ...) do not provide"
+
+
 def functorch_active() -> bool:
     """Whether a torch.func transform is running (torch has no public query for it; False where it lacks one)."""
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active()) if active is not None else False
+    return _TRANSFORMS_ACTIVE is not None and bool(_TRANSFORMS_ACTIVE())
 
 
 def compiled_backward_pays(rule: str, g: torch.Tensor | None, B: int, T: int, H: int, threads: int) -> bool:
@@ -103,7 +107,7 @@ def linear_attention(
                                    normalize=normalize, eps=eps, eps_mode=eps_mode, chunk_size=chunk_size)
     if backend in ("triton", "torch") or q.is_cuda:
         return None
-    refusal = cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
+    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
     B, T = q.shape[:2]
     H, Dv = v.shape[-2:]
     threads = torch.get_num_threads()
@@ -137,6 +141,10 @@ def step(
             return None
         return kt.step(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, normalize=normalize, eps=eps,
                        eps_mode=eps_mode, inplace=inplace)
+    if functorch_active():
+        if backend == "cpu":
+            raise ValueError(f"backend='cpu' cannot run this call: {TRANSFORM_REFUSAL}; use backend='auto' or 'torch'")
+        return None
     # Decode is all overhead at batch 1: the common case (CPU, float32, no autograd) is decided in a few checks.
     plain = (all(x is None for x in extra.values())
              and state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
