@@ -9,7 +9,7 @@ Usage, from the repository root:
 
     python scripts/omp_wait_ab.py [--rounds 3] [--output benchmarks/results/NAME_cpu.txt]
 
-``--output`` writes the table atomically to a new file (an existing file is never overwritten).
+``--output`` writes the table atomically (an existing file only with ``--overwrite``).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -67,7 +68,7 @@ def main() -> None:
     from linattn.tools.harness.results import check_writable
 
     if args.output:
-        check_writable(args.output)  # before minutes of timing, not after
+        check_writable(args.output, overwrite=args.overwrite)  # before minutes of timing, not after
     load = os.getloadavg()[0]
     got: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
     for r in range(args.rounds):
@@ -86,7 +87,7 @@ def main() -> None:
     for name, rows in got.items():
         for i, r in enumerate(rows):
             lines.append(f"| {name} | {i + 1} | {r['1']:.1f} | {r['2']:.1f} | {r['1'] / r['2']:.2f}x |")
-    emit(lines, args.output)
+    emit(lines, args.output, args.overwrite)
 
 
 if __name__ == "__main__":

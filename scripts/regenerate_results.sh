@@ -34,8 +34,7 @@ mv "$R/packing_cost_cpu.txt.tmp" "$R/packing_cost_cpu.txt"
 python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 5 --variants gated_head,gated_channel \
   --no-peers > "$R/compiled_backward_gated_cpu.txt.tmp"
 mv "$R/compiled_backward_gated_cpu.txt.tmp" "$R/compiled_backward_gated_cpu.txt"
-rm -f "$R/train_step_ab_gated_cpu.txt" "$R/omp_wait_ab_cpu.txt"
-python scripts/train_step_ab.py --threads 1 --rounds 9 --output "$R/train_step_ab_gated_cpu.txt"
-python scripts/omp_wait_ab.py --rounds 4 --output "$R/omp_wait_ab_cpu.txt"
+python scripts/train_step_ab.py --threads 1 --rounds 9 --overwrite --output "$R/train_step_ab_gated_cpu.txt"
+python scripts/omp_wait_ab.py --rounds 4 --overwrite --output "$R/omp_wait_ab_cpu.txt"
 # MQAR: the grid in stages (training takes 10-60 minutes; see the script), then the latency pass alone.
 OVERWRITE=1 scripts/mqar_grid.sh train eval summary latency

@@ -6,7 +6,7 @@ alternating each round) so that load changes hit both alike. Usage, from the rep
     python scripts/train_step_ab.py --threads 1 [--output benchmarks/results/NAME_cpu.txt]
 
 Prints median milliseconds per step (forward, backward, AdamW) per (width, sequence length) and the ratio;
-``--output`` writes the table atomically to a new file (an existing file is never overwritten).
+``--output`` writes the table atomically (an existing file only with ``--overwrite``).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from linattn.tools.harness.results import atomic_write, check_writable
 from linattn.tools.mqar.train import TrainConfig, build_model, loss_and_accuracy, train_batch
 
 
-def emit(lines: list[str], output: str | None) -> None:
-    """Print the table; with ``output``, also write it atomically to that new file."""
+def emit(lines: list[str], output: str | None, overwrite: bool = False) -> None:
+    """Print the table; with ``output``, also write it atomically there (an existing file only with ``overwrite``)."""
     text = "\n".join(lines) + "\n"
     print(text)
     if output:
-        atomic_write(output, lambda tmp: tmp.write_text(text))
+        atomic_write(output, lambda tmp: tmp.write_text(text), overwrite=overwrite)
 
 
 def step(cfg: TrainConfig, model, opt, i: int) -> float:
@@ -49,9 +49,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--output", default=None)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     args = parser.parse_args()
     if args.output:
-        check_writable(args.output)  # before minutes of timing, not after
+        check_writable(args.output, overwrite=args.overwrite)  # before minutes of timing, not after
     torch.set_num_threads(args.threads)
     real = cpu_numba.prefers_compiled_backward
     lines = [f"# train_step_ab.py --threads {args.threads} --rounds {args.rounds}",
@@ -76,7 +77,7 @@ def main() -> None:
         lines.append(f"| {width} | {T} | {cfg.batch_size} | {t:.1f} | {a:.1f} | {a / t:.2f}x |")
         print(lines[-1], flush=True)
     lines.append(f"load average after {os.getloadavg()[0]:.2f}")
-    emit(lines, args.output)
+    emit(lines, args.output, args.overwrite)
 
 
 if __name__ == "__main__":
