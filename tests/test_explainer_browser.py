@@ -498,3 +498,29 @@ def test_eps_scene_recomputes_for_another_eps(page, page_url):
     for row, ref in zip(got, want, strict=True):
         assert [float(row[1]), float(row[2])] == pytest.approx([ref["add"], ref["clamp"]], rel=1e-6, abs=1e-9)
     assert float(got[3][1]) == pytest.approx(2.997003)  # den = 1e-6 is no longer halved
+
+
+def test_mqar_table_shows_the_sweep_or_says_nothing_is_finished(browser, tmp_path, monkeypatch):
+    """The quality scene's MQAR table: one row per mixer with "mean%" over "lowest-highest" per finished group and
+    the hybrid's state with its KV cache; with no group finished for every mixer, a line that says so instead."""
+    from linattn.explainer import measured
+
+    real = measured.load_measured()
+    for data, expect in ((real, None), ({**real, "mqar_groups": [], "mqar": []}, "No setting has finished")):
+        monkeypatch.setattr(measured, "load_measured", lambda d=data: d)
+        path = tmp_path / f"page{0 if expect is None else 1}.html"
+        path.write_text(build_page("en"), encoding="utf-8")
+        pg = _open(browser, path.as_uri())
+        pg.goto(path.as_uri())
+        _go_scene(pg, "quality", 1)
+        text = pg.inner_text("#stage .visual")
+        if expect is None:
+            rows = pg.locator("#mqar-table tr")
+            assert rows.count() == 1 + len(real["mqar"])
+            assert "KV cache" in text and "+ KV cache" in rows.nth(1 + [r["mixer"] for r in real["mqar"]]
+                                                                .index("hybrid")).inner_text()
+            first = real["mqar"][0]["accuracy"][0]
+            assert f"{round(100 * first[0])}%" in text and f"{round(100 * first[1])}–{round(100 * first[2])}" in text
+        else:
+            assert expect in text and pg.locator("#mqar-table").count() == 0
+        _close(pg, path.as_uri())
