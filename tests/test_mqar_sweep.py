@@ -10,6 +10,7 @@ from linattn.cli import main
 from linattn.tools.harness.results import ResultValidationError, load_schema, read_result, validate
 from linattn.tools.mqar import sweep, sweep_runner
 from linattn.tools.mqar.sweep import Job, SweepConfig
+from linattn.tools.mqar.train import build_model, model_inputs
 
 TINY = SweepConfig(mixers=("attention", "delta"), widths=(8,), settings=((16, 2, 9, 4),), lrs=(1e-2, 3e-2),
                    seeds=(0, 1), vocab_size=16, num_layers=1, num_heads=2, intermediate_size=0, val_examples=8,
@@ -82,12 +83,61 @@ def test_other_configuration_is_refused_unless_overwrite(tmp_path):
     other = replace(TINY, lrs=(1e-3, 1e-2))
     with pytest.raises(ValueError, match="differs in lrs"):
         sweep_runner.run_sweep(other, output=out, progress=False)
+    first = read_result(out, "mqar_sweep")["runs"][0]
+    assert (first["mixer"], first["lr"]) == ("attention", 1e-2)
     doc = sweep_runner.run_sweep(other, output=out, progress=False, overwrite=True, stop_after=1)
-    assert doc["config"]["lrs"] == [1e-3, 1e-2] and len(doc["runs"]) == 1
+    # the finished run at lr 1e-2 is a run of the new grid with the same inputs: it carries over
+    assert doc["config"]["lrs"] == [1e-3, 1e-2] and len(doc["runs"]) == 2 and doc["runs"][0] == first
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
     with pytest.raises(ValueError, match="not a sweep result"):
         sweep_runner.run_sweep(TINY, output=junk, progress=False)
+
+
+def test_changed_configuration_carries_over_only_unchanged_runs(full_doc):
+    doc, _ = full_doc
+    conv = replace(TINY, attention_conv_size=3)  # changes the attention model only
+    assert {r["mixer"] for r in sweep_runner.carried_over(conv, doc)} == {"delta"}
+    assert len(sweep_runner.carried_over(conv, doc)) == 3
+    assert sweep_runner.carried_over(replace(TINY, patience=2), doc) == []  # every run stops by it
+    assert sweep_runner.carried_over(replace(TINY, seeds=(0,)), doc) == [r for r in doc["runs"] if r["seed"] == 0]
+    longer = replace(TINY, settings=((16, 2, 9, 4), (24, 2, 9, 4)), mixed_in=(16, 2, 4))  # mixes into T24 only
+    assert len(sweep_runner.carried_over(longer, doc)) == 6
+    assert sweep_runner.carried_over(replace(TINY, mixed_in=(8, 1, 4)), doc) == []
+    stale = {**doc, "config": {**doc["config"], "min_gain": 0.5}}
+    assert sweep_runner.carried_over(TINY, stale) == []
+
+
+def test_mixed_in_batches_take_the_even_steps(monkeypatch):
+    cfg = replace(TINY, settings=((16, 2, 6, 4),), mixed_in=(8, 1, 3), evals_per_run=2)
+    seen = []
+    real = sweep.train_batch
+
+    def record(tc, step):
+        seen.append((step, tc.seq_len, tc.train_pairs, tc.batch_size))
+        return real(tc, step)
+
+    monkeypatch.setattr(sweep, "train_batch", record)
+    run = sweep.train_run(cfg, Job("delta", 8, 16, 2, 1e-2, 0))
+    assert seen == [(s, 8, (1,), 3) if s % 2 == 0 else (s, 16, (2,), 4) for s in range(run["steps"])]
+    seen.clear()
+    sweep.train_run(replace(cfg, mixed_in=(16, 1, 3)), Job("delta", 8, 16, 2, 1e-2, 0))  # not longer: no mixture
+    assert {x[1:] for x in seen} == {(16, (2,), 4)}
+    with pytest.raises(ValueError, match="mixed_in"):
+        replace(TINY, mixed_in=(8, 1))
+    with pytest.raises(ValueError, match="seq_len"):
+        replace(TINY, mixed_in=(4, 2, 3))
+
+
+def test_attention_conv_reaches_every_attention_layer_and_old_configs_read_back():
+    tc = sweep.train_config(replace(TINY, attention_conv_size=3, num_layers=2), Job("attention", 8, 16, 2, 1e-2, 0))
+    for mixer, convs in (("attention", [3, 3]), ("hybrid", [4, 3]), ("delta", [4, 4])):
+        model = build_model(mixer, tc)
+        assert [b.mixer.conv_size for b in model.layers] == convs, mixer
+        assert ("attention_conv_size" in model_inputs(mixer, tc)) == (mixer != "delta")
+    old = {k: v for k, v in TINY.as_json().items() if k not in ("attention_conv_size", "mixed_in")}
+    assert SweepConfig.from_json({**old, "attention_positions": True}).attention_positions
+    assert SweepConfig.from_json(TINY.as_json()) == TINY
 
 
 def _run(mixer, lr, seed, val, test, loss=1.0, pairs=4):

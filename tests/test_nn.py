@@ -11,14 +11,15 @@ from linattn.backends import cpu as cpu_backend
 
 torch.set_num_threads(1)
 MIXERS = [("accumulate", {}), ("gated", {}), ("gated", {"per_channel_gate": False}), ("delta", {}),
-          ("gated_delta", {}), ("gated_delta", {"per_channel_gate": True}), ("attention", {})]
-IDS = ["accumulate", "gla", "gated_per_head", "delta", "gated_deltanet", "kda", "attention"]
+          ("gated_delta", {}), ("gated_delta", {"per_channel_gate": True}), ("attention", {}),
+          ("attention", {"conv_size": 3})]
+IDS = ["accumulate", "gla", "gated_per_head", "delta", "gated_deltanet", "kda", "attention", "attention_conv"]
 
 
 def make_layer(name, kwargs, seed=0):
     torch.manual_seed(seed)
     if name == "attention":
-        return lnn.SoftmaxAttention(24, 2, 8).double()
+        return lnn.SoftmaxAttention(24, 2, 8, **kwargs).double()
     return lnn.LinearAttention(24, 2, 8, rule=name, num_v_heads=4, v_head_dim=6, chunk_size=4, **kwargs).double()
 
 
@@ -45,6 +46,7 @@ def test_layer_full_equals_prefill_then_decode(name, kwargs):
         assert (y_dec - y).abs().max() <= 1e-12, split
         if name != "attention":
             assert (cache_dec.state.S - cache.state.S).abs().max() <= 1e-12
+        if name != "attention" or kwargs:
             assert (cache_dec.conv - cache.conv).abs().max() <= 1e-12
 
 
@@ -74,6 +76,53 @@ def test_layer_gradients_reach_every_parameter(name, kwargs):
     for pname, p in layer.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, pname
     assert x.grad.abs().max() > 0
+
+
+def test_attention_conv_equals_hand_computation():
+    """conv_size: a depthwise causal conv with SiLU over [q | k | v], then rotary and causal softmax, written out."""
+    layer = make_layer("attention", {"conv_size": 3}, seed=3)
+    B, T, H, D = 2, 7, 2, 8
+    x = torch.randn(B, T, 24, dtype=torch.float64)
+    y, cache = layer(x)
+    qkv = torch.cat([x @ layer.q_proj.weight.T, x @ layer.k_proj.weight.T, x @ layer.v_proj.weight.T], dim=-1)
+    w = layer.conv_weight  # [C, K]; tap j reads token t - (K - 1 - j)
+    conv = torch.zeros_like(qkv)
+    for t in range(T):
+        for j in range(3):
+            if t - (2 - j) >= 0:
+                conv[:, t] += w[:, j] * qkv[:, t - (2 - j)]
+    conv = conv * torch.sigmoid(conv)
+    q, k, v = (conv[..., i * H * D:(i + 1) * H * D].reshape(B, T, H, D) for i in range(3))
+    half = D // 2
+    freqs = 10000.0 ** (-torch.arange(half, dtype=torch.float32) * 2 / D)  # angles in float32, as HF's
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * freqs  # [T, D/2]
+    cos, sin = ang.cos()[None, :, None].double(), ang.sin()[None, :, None].double()
+
+    def rot(a):
+        return torch.cat([a[..., :half] * cos - a[..., half:] * sin, a[..., half:] * cos + a[..., :half] * sin], -1)
+
+    q, k = rot(q), rot(k)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) / D**0.5
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    o = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, H * D)
+    assert (y - o @ layer.o_proj.weight.T).abs().max() <= 1e-12
+    assert torch.equal(cache.conv, qkv[:, -2:])  # the last K-1 inputs, before the convolution
+
+
+def test_attention_conv_cache_errors():
+    conv, plain = make_layer("attention", {"conv_size": 3}), make_layer("attention", {})
+    x = torch.randn(2, 3, 24, dtype=torch.float64)
+    c_conv, c_plain = conv(x)[1], plain(x)[1]
+    with pytest.raises(ValueError, match=r"cache\.conv is None but this layer has conv_size=3"):
+        conv(x[:, :1], c_plain)
+    with pytest.raises(ValueError, match=r"cache\.conv is set but this layer has conv_size=0"):
+        plain(x[:, :1], c_conv)
+    with pytest.raises(ValueError, match=r"cache\.conv"):
+        conv(x[:, :1], lnn.KVCache(c_conv.k, c_conv.v, c_conv.conv[..., 1:]))
+    with pytest.raises(ValueError, match="conv_size"):
+        lnn.SoftmaxAttention(24, 2, 8, conv_size=-1)
+    lm = lnn.CausalLM(30, 16, 2, 2, 8, mixers=["delta", "attention"], attention_conv_size=2, conv_size=3)
+    assert lm.layers[1].mixer.conv_size == 2 and lm.layers[0].mixer.conv_size == 3
 
 
 def test_lm_hybrid_decode_packing_and_gradients():

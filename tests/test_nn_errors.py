@@ -62,6 +62,9 @@ ACCEPTED = {
     ("LinearAttention", "conv_size", "int 0"): "no convolution",
     ("CausalLM", "intermediate_size", "int 0"): "blocks without an MLP",
     ("CausalLM", "max_position_embeddings", "int 0"): "no position embeddings",
+    **{(m, arg, lab): "any kernel size; 0: none" for m, arg in (("SoftmaxAttention", "conv_size"),
+                                                               ("CausalLM", "attention_conv_size"))
+       for lab in ("int 3", "int 0")},
     **{("LinearAttention", "per_channel_gate", lab): "gated_delta has a gate" for lab in ("None", "True", "False")},
     ("LinearAttention", "gate_rank", "int 3"): "any rank >= 1",
     **{("LinearAttention", "output_gate", lab): "a bool" for lab in ("True", "False")},

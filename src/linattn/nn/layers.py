@@ -364,10 +364,12 @@ def _packed_tails(qkv: torch.Tensor, K: int, cu_seqlens: torch.Tensor) -> torch.
 
 @dataclass
 class KVCache:
-    """Keys and values seen so far, ``[B, L, H, D]`` each (after rotary embedding)."""
+    """Keys and values seen so far, ``[B, L, H, D]`` each (after rotary embedding), and ``conv`` ``[B, K-1, 3HD]``,
+    the last K-1 inputs of the layer's short convolution (``None`` without one)."""
 
     k: torch.Tensor
     v: torch.Tensor
+    conv: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -390,22 +392,31 @@ class SoftmaxAttention(nn.Module):
     """Causal softmax attention (PyTorch SDPA) with rotary positions and a KV cache; the same call signature as
     :class:`LinearAttention`. ``cu_seqlens`` (batch 1, as in the API) becomes a block-diagonal causal mask (positions
     restart per sequence); the cache returned then is ``None``: sequences of different lengths have no common
-    ``[B, L]`` cache. It makes no linattn call, so it has no ``backend``."""
+    ``[B, L]`` cache. It makes no linattn call, so it has no ``backend``.
+
+    ``conv_size`` (default 0, none): the short causal depthwise convolution with SiLU of :class:`LinearAttention`
+    over q, k, v before the rotary embedding, as zoology's recall models put a short convolution before every
+    mixer; it hands each position its neighbours' tokens, which attention otherwise learns through positions."""
 
     cache_name = "cache"  # as in LinearAttention
 
-    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, *, rope_base: float = 10000.0):
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, *, rope_base: float = 10000.0,
+                 conv_size: int = 0):
         super().__init__()
         for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("head_dim", head_dim)):
             check_int(name, value)
         if head_dim % 2:
             raise ValueError(f"head_dim must be even (rotary embedding rotates pairs of channels), got {head_dim}")
         check_positive_number("rope_base", rope_base)
+        check_int("conv_size", conv_size, minimum=0)
         self.hidden_size, self.num_heads, self.head_dim, self.rope_base = hidden_size, num_heads, head_dim, rope_base
         self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.v_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.conv_size = conv_size
+        if conv_size:  # one depthwise kernel over [q | k | v], as LinearAttention's
+            self.conv_weight = nn.Parameter(torch.randn(3 * num_heads * head_dim, conv_size) / math.sqrt(conv_size))
 
     def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
         """``cache`` is a :class:`KVCache` of this layer's heads and width for B rows, in x's dtype and device;
@@ -420,6 +431,13 @@ class SoftmaxAttention(nn.Module):
                                "[B, L, num_heads, head_dim]", x)
             if t.dtype != x.dtype:
                 raise TypeError(f"{name}.{part} is {t.dtype} but x is {x.dtype}")
+        K = self.conv_size
+        if (cache.conv is None) != (not K):
+            raise ValueError(f"{name}.conv is {'None' if cache.conv is None else 'set'} but this layer has "
+                             f"conv_size={K} (a cache from another layer?)")
+        if K:
+            check_cache_tensor(f"{name}.conv", cache.conv, (B, K - 1, 3 * self.num_heads * self.head_dim),
+                               "[B, conv_size - 1, 3 * num_heads * head_dim]", x)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
@@ -433,9 +451,14 @@ class SoftmaxAttention(nn.Module):
             positions = sequence_offsets(cu_seqlens, T)
         else:
             positions = torch.arange(past, past + T, device=x.device)
-        q = rotary(self.q_proj(x).view(B, T, H, D), positions, self.rope_base)
-        k = rotary(self.k_proj(x).view(B, T, H, D), positions, self.rope_base)
-        v = self.v_proj(x).view(B, T, H, D)
+        q, k, v, conv_tail = self.q_proj(x), self.k_proj(x), self.v_proj(x), None
+        if self.conv_size:
+            qkv, conv_tail = causal_conv(torch.cat([q, k, v], dim=-1), self.conv_weight,
+                                         None if cache is None else cache.conv, cu_seqlens)
+            q, k, v = qkv.split(H * D, dim=-1)
+        q = rotary(q.reshape(B, T, H, D), positions, self.rope_base)
+        k = rotary(k.reshape(B, T, H, D), positions, self.rope_base)
+        v = v.reshape(B, T, H, D)
         if cache is not None:
             k, v = torch.cat([cache.k, k], dim=1), torch.cat([cache.v, v], dim=1)
         mask = None
@@ -448,4 +471,5 @@ class SoftmaxAttention(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
             is_causal=mask is None and past == 0 and T > 1,
         )
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D)), None if cu_seqlens is not None else KVCache(k, v)
+        y = self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
+        return y, None if cu_seqlens is not None else KVCache(k, v, conv_tail)

@@ -68,6 +68,8 @@ class CausalLM(nn.Module):
         max_position_embeddings: learned absolute position embeddings added to the token embeddings, for
             positions ``< max_position_embeddings`` (zoology gives its attention baselines these); 0 (default) for
             none. Decoding with them needs an attention layer, whose cache counts the positions seen.
+        attention_conv_size: the short convolution of every attention layer (:class:`SoftmaxAttention`'s
+            ``conv_size``); 0 (default) for none.
         backend: passed to every linattn call of the linear layers (see :func:`linattn.linear_attention`).
         **linear_kwargs: passed to every :class:`LinearAttention` (``num_v_heads``, ``conv_size``,
             ``feature_map``, ``chunk_size`` ...); a name it does not take is a TypeError, even with no linear layer.
@@ -82,13 +84,15 @@ class CausalLM(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 2,
                  head_dim: int = 32, mixers: str | Sequence[str] = "gated_delta", intermediate_size: int | None = None,
-                 max_position_embeddings: int = 0, backend: str = "auto", **linear_kwargs):
+                 max_position_embeddings: int = 0, attention_conv_size: int = 0, backend: str = "auto",
+                 **linear_kwargs):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("hidden_size", hidden_size), ("num_layers", num_layers),
                             ("num_heads", num_heads), ("head_dim", head_dim)):
             check_int(name, value)
         check_optional_int("intermediate_size", intermediate_size, minimum=0)
         check_int("max_position_embeddings", max_position_embeddings, minimum=0)
+        check_int("attention_conv_size", attention_conv_size, minimum=0)
         checks.check_backend(backend)
         allowed = [p.name for p in inspect.signature(LinearAttention).parameters.values()
                    if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("rule", "backend")]
@@ -116,7 +120,8 @@ class CausalLM(nn.Module):
             nn.init.normal_(self.position.weight, std=hidden_size**-0.5)
         self.layers = nn.ModuleList(
             Block(
-                SoftmaxAttention(hidden_size, num_heads, head_dim) if name == "attention"
+                SoftmaxAttention(hidden_size, num_heads, head_dim, conv_size=attention_conv_size)
+                if name == "attention"
                 else LinearAttention(hidden_size, num_heads, head_dim, rule=name, **linear_kwargs),
                 hidden_size, 2 * hidden_size if intermediate_size is None else intermediate_size,
             )

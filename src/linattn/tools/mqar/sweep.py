@@ -21,6 +21,7 @@ written in the sequence). Test accuracy is measured with the weights of the best
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ from linattn.tools.mqar.train import (
     build_model,
     loss_and_accuracy,
     lr_at,
+    model_inputs,
     state_floats,
     train_batch,
 )
@@ -54,7 +56,12 @@ class SweepConfig:
     ``settings``: (seq_len, num_pairs, max steps, batch size). ``lrs``: the learning rates tried with seed 0;
     ``seeds``: all seeds run at the winning learning rate (the first is the sweep's). Width ``d`` is
     ``num_heads`` heads of ``d / num_heads``. ``intermediate_size`` 0: blocks without an MLP, as zoology's MQAR
-    models; linear mixers keep their short convolution, pure attention gets absolute positions instead."""
+    models. Linear mixers keep their short convolution; ``attention_conv_size`` gives attention layers the same
+    one (zoology's current MQAR models put a short convolution before every mixer, attention included), and
+    ``attention_positions`` adds learned absolute positions to pure-attention models (zoology's first paper).
+    ``mixed_in`` (seq_len, num_pairs, batch size): a short setting whose batches take every other training step
+    (the even ones) of every setting with longer sequences, as zoology trains on a mixture led by short
+    sequences; without it attention stays at chance at length 256 within 1,000 steps. () for none."""
 
     mixers: tuple[str, ...]
     widths: tuple[int, ...]
@@ -70,7 +77,9 @@ class SweepConfig:
     evals_per_run: int
     patience: int
     quick: bool = False
-    attention_positions: bool = True  # pure-attention models get learned absolute positions (zoology's form)
+    attention_positions: bool = False
+    attention_conv_size: int = 0
+    mixed_in: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [m for m in self.mixers if m not in MIXER_SPECS]
@@ -83,6 +92,10 @@ class SweepConfig:
             generate(1, vocab_size=self.vocab_size, seq_len=T, num_pairs=P, seed=0)  # raises naming the problem
             if steps < self.evals_per_run:
                 raise ValueError(f"settings: {steps} steps at (T={T}, pairs={P}) is fewer than evals_per_run")
+        if self.mixed_in:
+            if len(self.mixed_in) != 3 or min(self.mixed_in) < 1:
+                raise ValueError(f"mixed_in: expected (seq_len, num_pairs, batch_size), got {self.mixed_in}")
+            generate(1, vocab_size=self.vocab_size, seq_len=self.mixed_in[0], num_pairs=self.mixed_in[1], seed=0)
         if not self.lrs or min(self.lrs) <= 0:
             raise ValueError(f"lrs: expected positive learning rates, got {self.lrs}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -95,8 +108,10 @@ class SweepConfig:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> SweepConfig:
-        return SweepConfig(**{k: (tuple(tuple(x) for x in v) if k == "settings" else tuple(v)
-                                  if isinstance(v, list) else v) for k, v in d.items()})
+        """The config of :meth:`as_json`; a file written before a field existed gets the value it ran with."""
+        old = {"attention_positions": True} if "attention_conv_size" not in d else {}
+        return SweepConfig(**(old | {k: (tuple(tuple(x) for x in v) if k == "settings" else tuple(v)
+                                         if isinstance(v, list) else v) for k, v in d.items()}))
 
 
 def log_lrs(lo: float, hi: float, n: int) -> tuple[float, ...]:
@@ -109,11 +124,12 @@ FULL = SweepConfig(
     mixers=tuple(MIXER_SPECS), widths=(64, 128),
     settings=((64, 4, 1000, 32), (64, 8, 1000, 16), (256, 16, 1000, 8), (256, 32, 1000, 8)),
     lrs=log_lrs(1e-3, 10**-1.5, 4), seeds=(0, 1, 2), vocab_size=80, num_layers=2, num_heads=2,
-    intermediate_size=0, val_examples=128, test_examples=512, evals_per_run=25, patience=5)
+    intermediate_size=0, val_examples=128, test_examples=512, evals_per_run=25, patience=5,
+    attention_conv_size=4, mixed_in=(64, 4, 32))
 QUICK = SweepConfig(
-    mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((32, 4, 40, 16),), lrs=(3e-3, 1e-2), seeds=(0, 1),
+    mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((48, 4, 40, 8),), lrs=(3e-3, 1e-2), seeds=(0, 1),
     vocab_size=32, num_layers=2, num_heads=2, intermediate_size=0, val_examples=32, test_examples=64,
-    evals_per_run=4, patience=2, quick=True)
+    evals_per_run=4, patience=2, quick=True, attention_conv_size=4, mixed_in=(32, 4, 16))
 
 
 @dataclass(frozen=True)
@@ -208,9 +224,27 @@ def train_config(cfg: SweepConfig, job: Job) -> TrainConfig:
     return TrainConfig(vocab_size=cfg.vocab_size, seq_len=job.seq_len, train_pairs=(job.num_pairs,),
                        hidden_size=job.d_model, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
                        head_dim=job.d_model // cfg.num_heads, intermediate_size=cfg.intermediate_size,
-                       attention_positions=cfg.attention_positions,
-                       batch_size=batch,
-                       steps=steps, lr=job.lr, seed=job.seed)
+                       attention_positions=cfg.attention_positions, attention_conv_size=cfg.attention_conv_size,
+                       batch_size=batch, steps=steps, lr=job.lr, seed=job.seed)
+
+
+def mixed_config(cfg: SweepConfig, tc: TrainConfig) -> TrainConfig | None:
+    """The training config of the mixed-in batches of a run (``cfg.mixed_in``), or None: no mixture, or the run's
+    sequences are no longer than the mixed-in ones."""
+    if not cfg.mixed_in or tc.seq_len <= cfg.mixed_in[0]:
+        return None
+    T, P, batch = cfg.mixed_in
+    return dataclasses.replace(tc, seq_len=T, train_pairs=(P,), batch_size=batch)
+
+
+def run_inputs(cfg: SweepConfig, job: Job) -> dict[str, Any]:
+    """Everything that decides the record of ``job`` under ``cfg`` (with the code): two configs that give a job the
+    same inputs give it the same run, so a sweep of a changed config carries that run over."""
+    tc = train_config(cfg, job)
+    mixed = mixed_config(cfg, tc)
+    return {"train": model_inputs(job.mixer, tc), "mixed": None if mixed is None else model_inputs(job.mixer, mixed),
+            "held_out": (cfg.vocab_size, cfg.val_examples, cfg.test_examples), "evals": cfg.evals_per_run,
+            "patience": cfg.patience, "rules": (SOLVED, MIN_GAIN, PLATEAU_FACTOR)}
 
 
 def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:
@@ -225,8 +259,9 @@ def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:
     best = {"acc": -1.0, "loss": math.inf, "step": 0, "state": None}
     stopper, reason, step, losses, curve = EarlyStop(cfg.patience, job.num_pairs), "steps", 0, [], []
     model.train()
+    mixed = mixed_config(cfg, tc)
     while step < tc.steps:
-        batch = train_batch(tc, step)
+        batch = train_batch(tc if mixed is None or step % 2 else mixed, step)
         for group in opt.param_groups:
             group["lr"] = lr_at(tc, step)
         loss, _ = loss_and_accuracy(model, batch.inputs, batch.targets)

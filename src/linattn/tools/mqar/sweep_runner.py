@@ -3,7 +3,9 @@
 The result file is rewritten (atomically) after every finished run, so at any moment it holds every finished run
 and is a valid ``mqar_sweep`` document. Starting again with the same configuration and the same ``output``
 resumes: finished runs are kept and skipped, everything else is run. A file of another configuration is refused
-unless ``overwrite`` is given. A run killed half way is lost and run again from scratch (runs are minutes).
+unless ``overwrite`` is given; then the runs the new configuration would repeat unchanged (same
+:func:`~linattn.tools.mqar.sweep.run_inputs`) carry over and the rest are dropped. A run killed half way is lost
+and run again from scratch (runs are minutes).
 """
 
 from __future__ import annotations
@@ -43,21 +45,44 @@ def config_doc(cfg: SweepConfig) -> dict[str, Any]:
 
 
 def previous_runs(cfg: SweepConfig, output: Path | None, *, overwrite: bool) -> tuple[list, dict[str, Any] | None]:
-    """(finished runs, the existing document) to resume from ``output``; ([], None) when there is none or
-    ``overwrite``. Raises ValueError when the file is of another configuration or not a sweep result."""
-    if output is None or overwrite or not os.path.lexists(output):
+    """(finished runs, the existing document) to resume from ``output``; ([], None) when there is none. Raises
+    ValueError when the file is not a sweep result or of another configuration, unless ``overwrite``: then
+    another configuration's runs carry over where :func:`carried_over` says so."""
+    if output is None or not os.path.lexists(output):
         return [], None
     try:
         doc = read_result(output, "mqar_sweep")
     except ValueError as exc:
+        if overwrite:
+            return [], None
         raise ValueError(f"output: {output} exists and is not a sweep result to resume ({exc}); "
                          "pass --overwrite to replace it") from None
     want = config_doc(cfg)
     diff = sorted(k for k in want.keys() | doc["config"].keys() if want.get(k) != doc["config"].get(k))
-    if diff:
+    if not diff:
+        return list(doc["runs"]), doc
+    if not overwrite:
         raise ValueError(f"output: {output} holds a sweep of another configuration (differs in {', '.join(diff)}); "
-                         "resuming needs the same command; pass --overwrite to start over")
-    return list(doc["runs"]), doc
+                         "resuming needs the same command; pass --overwrite to replace it, keeping the runs this "
+                         "configuration would repeat unchanged")
+    return carried_over(cfg, doc), doc
+
+
+def carried_over(cfg: SweepConfig, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of ``doc`` (a sweep of another configuration) that ``cfg`` would repeat unchanged: the job is one
+    of ``cfg``'s and :func:`~linattn.tools.mqar.sweep.run_inputs` agree (none when the stopping or plateau rules
+    differ)."""
+    stored = dict(doc["config"])
+    rules = {k: stored.pop(k, None) for k in ("solved", "min_gain", "plateau_factor", "chance", "selection")}
+    if any(rules[k] != v for k, v in config_doc(cfg).items() if k in rules):
+        return []
+    try:
+        old = SweepConfig.from_json(stored)
+    except (TypeError, ValueError):
+        return []  # a config this code cannot read decides nothing here
+    jobs = set(sweep.lr_jobs(cfg)) | {Job(*j.group, j.lr, s) for j in sweep.lr_jobs(cfg) for s in cfg.seeds}
+    return [r for r in doc["runs"]
+            if Job.of(r) in jobs and sweep.run_inputs(old, Job.of(r)) == sweep.run_inputs(cfg, Job.of(r))]
 
 
 def session_doc(workers: int) -> dict[str, Any]:
@@ -105,6 +130,9 @@ def run_sweep(cfg: SweepConfig, *, output: str | os.PathLike | None, workers: in
     after each; returns the document. ``stop_after`` ends the session after that many runs (a simulated kill)."""
     output = None if output is None else Path(output)
     runs, old = previous_runs(cfg, output, overwrite=overwrite)
+    if old is not None and old["config"] != config_doc(cfg):
+        tqdm.write(f"output: {output} held {len(old['runs'])} runs of another configuration; {len(runs)} carry over "
+                   "unchanged, the rest are run again")
     sessions = (old["sessions"] if old else []) + [session_doc(workers)]
     created = old["created"] if old else _now()
     if output is not None:  # the file exists from the start; refuses a file that appeared unless resuming

@@ -49,6 +49,7 @@ class TrainConfig:
     head_dim: int = 32
     intermediate_size: int | None = None  # MLP width (None: 2 x hidden); 0: mixer-only blocks, as zoology
     attention_positions: bool = False  # learned absolute positions for pure-attention models, as zoology
+    attention_conv_size: int = 0  # short convolution of attention layers (pure attention and the hybrid's)
     batch_size: int = 32
     steps: int = 400
     lr: float = 3e-3
@@ -84,9 +85,23 @@ def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
         mixers: Any = ["attention" if (i + 1) % every == 0 else spec["rule"] for i in range(cfg.num_layers)]
     else:
         mixers = spec["rule"]
-    positions = cfg.seq_len if cfg.attention_positions and spec["rule"] == "attention" else 0
+    opts = model_inputs(mixer, cfg)
+    positions = cfg.seq_len if opts.get("attention_positions") else 0
     return CausalLM(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, head_dim, mixers=mixers,
-                    intermediate_size=cfg.intermediate_size, max_position_embeddings=positions, **kwargs)
+                    intermediate_size=cfg.intermediate_size, max_position_embeddings=positions,
+                    attention_conv_size=opts.get("attention_conv_size", 0), **kwargs)
+
+
+def model_inputs(mixer: str, cfg: TrainConfig) -> dict[str, Any]:
+    """:func:`config_dict` without the options ``mixer``'s model ignores (attention options of a model without
+    attention layers): what decides its training."""
+    spec = MIXER_SPECS[mixer]
+    d = config_dict(cfg)
+    if spec["rule"] != "attention":
+        d.pop("attention_positions", None)
+        if not spec.get("hybrid"):
+            d.pop("attention_conv_size", None)
+    return d
 
 
 def state_floats(model: CausalLM) -> int:
@@ -266,7 +281,7 @@ def evaluate(model: CausalLM, cfg: TrainConfig, *, pairs: tuple[int, ...], examp
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     d = asdict(cfg)
     d["train_pairs"] = list(cfg.train_pairs)
-    for key, default in (("intermediate_size", None), ("attention_positions", False)):
+    for key, default in (("intermediate_size", None), ("attention_positions", False), ("attention_conv_size", 0)):
         if d[key] == default:  # defaults are recorded as the files and checkpoints made before these options
             del d[key]
     return d
