@@ -125,6 +125,26 @@ def test_attention_conv_cache_errors():
     assert lm.layers[1].mixer.conv_size == 2 and lm.layers[0].mixer.conv_size == 3
 
 
+def test_gated_delta_decay_init_ranges():
+    torch.manual_seed(4)
+    default = lnn.LinearAttention(24, 2, 8, rule="gated_delta", num_v_heads=4)
+    torch.manual_seed(4)
+    spelled = lnn.LinearAttention(24, 2, 8, rule="gated_delta", num_v_heads=4, A_init_range=(1, 16),
+                                  dt_init_range=(1e-3, 0.1))
+    for (name, a), b in zip(default.state_dict().items(), spelled.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name  # the defaults are Mamba-2's ranges, drawn in the same order
+    A, dt = default.A_log.exp(), torch.nn.functional.softplus(default.dt_bias)
+    assert ((A >= 1) & (A <= 16)).all() and ((dt >= 1e-3 * (1 - 1e-6)) & (dt <= 0.1 * (1 + 1e-6))).all()
+    slow = lnn.LinearAttention(24, 2, 8, rule="gated_delta", A_init_range=(1, 1), dt_init_range=(0.01, 0.01))
+    assert torch.equal(slow.A_log.exp(), torch.ones(2))
+    assert torch.allclose(torch.nn.functional.softplus(slow.dt_bias), torch.full((2,), 0.01), rtol=1e-6)
+    for bad, err in (((2, 1), "low <= high"), ((0, 1), "> 0"), ((1,), "pair"), (1.0, "pair")):
+        with pytest.raises((TypeError, ValueError), match=err):
+            lnn.LinearAttention(24, 2, 8, A_init_range=bad)
+    with pytest.raises(ValueError, match="dt_init_range"):
+        lnn.LinearAttention(24, 2, 8, dt_init_range=(0.1, float("inf")))
+
+
 def test_lm_hybrid_decode_packing_and_gradients():
     torch.manual_seed(0)
     model = lnn.CausalLM(40, hidden_size=24, num_layers=4, num_heads=2, head_dim=8,
@@ -270,5 +290,6 @@ def test_sweep_models_follow_zoology():
     att = build_model("attention", train_config(FULL, Job("attention", 64, 64, 4, 1e-2, 0)))
     lin = build_model("delta", train_config(FULL, Job("delta", 64, 64, 4, 1e-2, 0)))
     hyb = build_model("hybrid", train_config(FULL, Job("hybrid", 64, 64, 4, 1e-2, 0)))
-    assert att.max_position_embeddings == 64 and lin.max_position_embeddings == 0 == hyb.max_position_embeddings
+    assert att.max_position_embeddings == lin.max_position_embeddings == hyb.max_position_embeddings == 0
+    assert all(b.mixer.conv_size == 4 for model in (att, lin, hyb) for b in model.layers)  # every layer, as zoology
     assert all(b.mlp is None for model in (att, lin, hyb) for b in model.layers)

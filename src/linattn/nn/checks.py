@@ -43,6 +43,16 @@ def check_positive_number(name: str, value: object, *, allow_zero: bool = False)
     return float(value)
 
 
+def check_range(name: str, value: object) -> tuple[float, float]:
+    """A (low, high) pair of finite numbers with 0 < low <= high."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (low, high) pair of numbers, got {type(value).__name__} {value!r}")
+    lo, hi = (check_positive_number(name, v) for v in value)
+    if lo > hi:
+        raise ValueError(f"{name} must have low <= high, got {tuple(value)}")
+    return lo, hi
+
+
 def check_optional_bool(name: str, value: object) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")

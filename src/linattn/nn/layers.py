@@ -27,6 +27,7 @@ from linattn.nn.checks import (
     check_optional_int,
     check_packing,
     check_positive_number,
+    check_range,
     check_x,
 )
 from linattn.nn.conv import causal_conv, sequence_offsets
@@ -103,6 +104,9 @@ class LinearAttention(nn.Module):
             ``logsigmoid(W2 W1 x) / 16``; KDA: ``-exp(A) softplus(W2 W1 x + dt_bias)``) instead of one per head
             (Gated DeltaNet: ``g = -exp(A) softplus(a(x) + dt_bias)``). Default: True for gated, False for gated_delta.
         gate_rank: rank of the low-rank gate projection (GLA uses 16).
+        A_init_range, dt_init_range: gated_delta: the decay's initialization, Mamba-2's (and fla's): A uniform and
+            dt log-uniform in these ranges, so a head starts keeping ``exp(-A dt)`` of its state per token (0.2 to
+            0.999 by default). A model with few heads may want slower starts, e.g. ``(1, 1)`` and ``(0.01, 0.01)``.
         output_gate: ``o = RMSNorm(o) * silu(W_z x)`` per value head (Gated DeltaNet, GLA); else ``RMSNorm(o)``.
         chunk_size, form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
         backend: passed to every linattn call (``"auto"``, ``"torch"``, ``"cpu"`` or ``"triton"``; see
@@ -136,6 +140,8 @@ class LinearAttention(nn.Module):
         conv_size: int = 4,
         per_channel_gate: bool | None = None,
         gate_rank: int = 16,
+        A_init_range: tuple[float, float] = (1.0, 16.0),
+        dt_init_range: tuple[float, float] = (1e-3, 0.1),
         output_gate: bool = True,
         norm_eps: float = 1e-6,
         chunk_size: int = 64,
@@ -160,6 +166,8 @@ class LinearAttention(nn.Module):
         if per_channel_gate and rule not in GATED_RULES:
             raise ValueError(f"per_channel_gate=True: rule {rule!r} has no gate; use rule='gated' or 'gated_delta'")
         check_positive_number("norm_eps", norm_eps, allow_zero=True)
+        (a_lo, a_hi), (dt_lo, dt_hi) = check_range("A_init_range", A_init_range), check_range("dt_init_range",
+                                                                                           dt_init_range)
         default_map = isinstance(feature_map, str) and feature_map == "default"
         self.feature_map = DEFAULT_FEATURE_MAP[rule] if default_map else feature_map
         fmap = resolve_feature_map(self.feature_map)
@@ -197,9 +205,9 @@ class LinearAttention(nn.Module):
                                             nn.Linear(gate_rank, gate_width, bias=rule == "gated"))
             else:
                 self.g_proj = nn.Linear(hidden_size, gate_width, bias=False)
-            if rule == "gated_delta":  # Mamba-2 style discretization: dt in [1e-3, 0.1] at init, A in [1, 16]
-                self.A_log = nn.Parameter(torch.empty(HV).uniform_(1, 16).log())
-                dt = torch.exp(torch.rand(gate_width) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+            if rule == "gated_delta":  # Mamba-2 style discretization: A uniform, dt log-uniform in their ranges
+                self.A_log = nn.Parameter(torch.empty(HV).uniform_(a_lo, a_hi).log())
+                dt = torch.exp(torch.rand(gate_width) * (math.log(dt_hi) - math.log(dt_lo)) + math.log(dt_lo))
                 self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
         if rule in DELTA_RULES:
             self.b_proj = nn.Linear(hidden_size, HV, bias=False)
