@@ -137,7 +137,7 @@ def test_mqar_table_shows_only_groups_every_mixer_finished():
     groups, rows = mqar_table(doc)
     assert groups == [{"d_model": 64, "seq_len": 64, "num_pairs": 4}]
     assert rows[0] == {"mixer": "attention", "kv_cache": True, "state_floats": {"64": 0},
-                       "accuracy": [[0.99, 0.89, 1.04]], "plateau": [False]}
+                       "accuracy": [[0.99, 0.89, 1.04]], "plateau": [False], "extended": [False]}
     assert rows[1]["kv_cache"] is False and rows[1]["state_floats"] == {"64": 2048}
     assert rows[1]["plateau"] == [True] and rows[1]["accuracy"][0][0] == 0.45
     doc["best"] = [e for e in doc["best"] if e["num_pairs"] == 8]

@@ -189,6 +189,51 @@ def test_best_selection_by_validation_with_plateau_flag():
     assert [b["mixer"] for b in sweep.select_best(cfg, runs[:2] + runs[5:])] == ["delta"]
 
 
+def test_plateau_extension_selection():
+    cfg = replace(TINY, mixers=("delta",), settings=((16, 4, 9, 4),), lrs=(1e-3, 1e-2), seeds=(0, 1, 2),
+                  plateau_steps=30)
+    base = [_run("delta", 1e-3, 0, 0.26, 0.2), _run("delta", 1e-2, 0, 0.45, 0.4)]  # both on the plateau
+    (b,) = sweep.select_best(cfg, base)
+    assert (b["extension"], b["complete"], b["plateau"]) == ("pending", False, True)
+    ext = [Job("delta", 8, 16, 4, lr, 0, True) for lr in (1e-3, 1e-2)]
+    assert sweep.seed_jobs(cfg, [b]) == ext  # the extension before any seed
+    assert sweep.total_runs(cfg, base) == 2 + 2 + 2  # the lr runs, the extension, then 2 seeds
+    longer = [{**_run("delta", 1e-3, 0, 0.9, 0.85), "extended": True},
+              {**_run("delta", 1e-2, 0, 0.4, 0.4), "extended": True}]
+    (b,) = sweep.select_best(cfg, base + longer)
+    assert (b["extension"], b["extended"], b["lr"], b["plateau"], b["test_accuracy"]) == ("done", True, 1e-3,
+                                                                                        False, 0.85)
+    assert b["extended_lr_accuracy"] == {"0.001": 0.9, "0.01": 0.4} and b["lr_accuracy"] == {"0.001": 0.26,
+                                                                                               "0.01": 0.45}
+    assert sweep.seed_jobs(cfg, [b]) == [Job("delta", 8, 16, 4, 1e-3, s, True) for s in (1, 2)]
+    assert sweep.total_runs(cfg, base + longer) == 6
+    # still on the plateau after the extension: the entry says so, and the seeds run at the winner's stage
+    still = [{**r, "val_accuracy": 0.3, "left_plateau": False} for r in longer]
+    (b,) = sweep.select_best(cfg, base + still)
+    assert (b["extension"], b["extended"], b["plateau"], b["lr"]) == ("done", False, True, 1e-2)
+    # a group off the plateau never needs it; without plateau_steps nothing is extended
+    (b,) = sweep.select_best(cfg, [_run("delta", 1e-3, 0, 0.6, 0.6), _run("delta", 1e-2, 0, 0.3, 0.3)])
+    assert (b["extension"], b["extended"], b["extended_lr_accuracy"]) == ("none", False, {})
+    (b,) = sweep.select_best(replace(cfg, plateau_steps=0), base)
+    assert (b["extension"], b["plateau"]) == ("none", True)
+    assert sweep.train_config(cfg, ext[0]).steps == 30
+    assert sweep.train_config(cfg, Job(*ext[0].group, 1e-3, 0)).steps == 9
+    with pytest.raises(ValueError, match="plateau_steps"):
+        replace(cfg, plateau_steps=2)
+
+
+def test_plateau_extension_end_to_end(tmp_path):
+    # 3 steps leave nothing off the plateau; the extension's 40 steps at lr 3e-2 do for the delta rule
+    cfg = replace(TINY, mixers=("delta",), settings=((16, 2, 3, 4),), lrs=(3e-2,), evals_per_run=1, patience=1,
+                  plateau_steps=40, val_examples=32, test_examples=32)
+    doc = sweep_runner.run_sweep(cfg, output=tmp_path / "x.json", progress=False)
+    kinds = sorted((r["extended"], r["seed"], r["max_steps"]) for r in doc["runs"])
+    (b,) = doc["best"]
+    assert kinds == [(False, 0, 3), (True, 0, 40), (True, 1, 40)] and b["extension"] == "done" and b["extended"]
+    assert doc["progress"] == {"finished": 3, "total": 3, "complete": True}
+    assert read_result(tmp_path / "x.json", "mqar_sweep") == doc
+
+
 def test_diverged_run_stops_and_is_tested_on_its_weights():
     run = sweep.train_run(TINY, Job("attention", 8, 16, 2, 1e30, 0))
     assert run["stop_reason"] == "diverged" and 1 <= run["steps"] < 9

@@ -54,6 +54,7 @@ def summarize(results_dir: str | Path) -> dict[str, Any]:
         "mqar_config": {"num_layers": mqar["config"]["num_layers"], "lrs": mqar["config"]["lrs"],
                         "seeds": len(mqar["config"]["seeds"]),
                         "max_steps": max(setting[2] for setting in mqar["config"]["settings"]),
+                        "plateau_steps": mqar["config"].get("plateau_steps", 0),
                         "runs": mqar["progress"]["finished"], "total_runs": mqar["progress"]["total"]},
         "mqar_groups": groups,
         "mqar": mqar_rows,
@@ -74,7 +75,7 @@ def mqar_table(doc: dict[str, Any]) -> tuple[list[dict[str, int]], list[dict[str
     """The MQAR sweep's best entries as a table: the (width, length, pairs) groups in which every mixer has its
     three seeds (a partial sweep shows only those; none: empty lists), and per mixer its state floats by width,
     whether it also keeps a KV cache, and per group the test accuracy at the winning learning rate (mean, min, max
-    over the seeds) and whether that entry is on the plateau."""
+    over the seeds), whether that entry is on the plateau and whether it won in the plateau extension."""
     mixers = doc["config"]["mixers"]
     best = {(b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"]): b for b in doc["best"]}
     keys = sorted({k[1:] for k in best}, key=lambda g: (g[1], g[2], g[0]))  # length, pairs, then width
@@ -84,7 +85,8 @@ def mqar_table(doc: dict[str, Any]) -> tuple[list[dict[str, int]], list[dict[str
     rows = [{"mixer": m, "kv_cache": m in MQAR_ATTENTION_MIXERS,
              "state_floats": {str(d): best[(m, d, T, n)]["state_floats"] for d, T, n in groups},
              "accuracy": [[best[(m, *g)][k] for k in ("test_mean", "test_min", "test_max")] for g in groups],
-             "plateau": [best[(m, *g)]["plateau"] for g in groups]} for m in mixers]
+             "plateau": [best[(m, *g)]["plateau"] for g in groups],
+             "extended": [best[(m, *g)].get("extended", False) for g in groups]} for m in mixers]
     return [{"d_model": d, "seq_len": T, "num_pairs": n} for d, T, n in groups], rows
 
 

@@ -601,8 +601,8 @@ scene({ id: "long", title: T("Over long histories the state's range grows", "长
 scene({ id: "quality", title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
   text: [T("A hypothetical experiment: decode attention takes about 0.3 ms at 2K, 8K and 32K tokens, but exact long-range retrieval falls from 98% to 89% and 61%. Flat latency says the fixed state works; it says nothing about what the state still holds. The table lists each symptom, the first suspect and a control experiment. These numbers are for diagnosis practice only, and a linear layer usually needs training to adapt: softmax weights dropped into it are not equivalent.",
       "假想实验：解码注意力在 2K、8K、32K 时都约 0.3 ms，但远距离精确检索的准确率从 98% 降到 89%、61%。延迟平稳说明固定状态生效了，却说明不了状态里还保留着什么。表中列出每种现象、优先怀疑的原因和对照实验。这些数字只用于练习诊断；换成线性结构通常需要训练适配，把 softmax 层的权重原样放进去并不等价。"),
-    T("Measured, with training: linattn's MQAR sweep (multi-query associative recall in zoology's setup, 2-layer models, at most 1,000 steps on CPU). Per mixer and setting: the learning rate (of four) with seed 0's best validation accuracy, then the test accuracy of 3 seeds at that rate, mean and lowest–highest. Columns: width d, length T, stored pairs. State: the floats of the fixed-size state; an attention layer adds a KV cache that grows with the sequence. *: no learning rate got past twice chance (chance: a random one of the stored values).",
-      "有训练的实测：linattn 的 MQAR 扫描（多查询关联回忆，按 zoology 的设置，2 层模型，CPU 上最多 1,000 步）。每种混合器与设置：先取种子 0 验证准确率最高的学习率（四个之一），再报告该学习率下 3 个种子的测试准确率，平均与最低–最高。列：宽度 d、长度 T、存储的键值对数。状态：固定大小状态的浮点数；注意力层另有随序列增长的 KV 缓存。*：没有任何学习率超过两倍随机水平（随机：从存储的值里随便挑一个）。")],
+    T("Measured, with training: linattn's MQAR sweep (multi-query associative recall in zoology's setup, 2-layer models, at most 1,000 steps on CPU; †: 3,000 steps, for a group that no learning rate took off the plateau in 1,000). Per mixer and setting: the learning rate (of four) with seed 0's best validation accuracy, then the test accuracy of 3 seeds at that rate, mean and lowest–highest. Columns: width d, length T, stored pairs. State: the floats of the fixed-size state; an attention layer adds a KV cache that grows with the sequence. *: no learning rate got past twice chance (chance: a random one of the stored values).",
+      "有训练的实测：linattn 的 MQAR 扫描（多查询关联回忆，按 zoology 的设置，2 层模型，CPU 上最多 1,000 步；†：某组在 1,000 步内没有任何学习率离开平台期时，改训 3,000 步）。每种混合器与设置：先取种子 0 验证准确率最高的学习率（四个之一），再报告该学习率下 3 个种子的测试准确率，平均与最低–最高。列：宽度 d、长度 T、存储的键值对数。状态：固定大小状态的浮点数；注意力层另有随序列增长的 KV 缓存。*：没有任何学习率超过两倍随机水平（随机：从存储的值里随便挑一个）。")],
   build(root) {
     const q = DATA.quality.hypothetical, m = DATA.measured, view = h("div", {});
     root.append(view);
@@ -627,7 +627,7 @@ scene({ id: "quality", title: T("Speed stays flat, quality may fall as the histo
         const pct = (x) => Math.round(100 * x);
         view.append(table([tr(T("mixer", "混合器")), tr(T("state floats", "状态浮点数")) + " (" + widths.map((d) => "d " + d).join(" / ") + ")",
           ...m.mqar_groups.map((g) => `d ${g.d_model} · T ${g.seq_len} · ` + tr(T(`${g.num_pairs} pairs`, `${g.num_pairs} 对`)))],
-          m.mqar.map((r) => [r.mixer, state(r), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table" }), src);
+          m.mqar.map((r) => [r.mixer, state(r), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : "") + (r.extended && r.extended[i] ? "†" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table" }), src);
       }
     };
   } });

@@ -13,6 +13,11 @@ Stopping, checked every ``eval_every`` steps on the validation set:
 * ``steps``: the step limit of its setting.
 * ``diverged``: a non-finite training loss.
 
+The plateau extension (``plateau_steps``): a group none of whose learning-rate runs left the plateau is trained
+again at every learning rate, seed 0, with ``plateau_steps`` steps (``extended`` runs); its best learning rate is
+then chosen among both stages, and the seeds run at the winner's. Zoology trains to convergence; this spends the
+longer budget only where the short one decided nothing.
+
 The plateau rule (:func:`left_plateau`): a run has left MQAR's plateau when its best validation accuracy is at
 least twice chance, where chance is ``1 / num_pairs`` (a model that only knows the answer is one of the values
 written in the sequence). Test accuracy is measured with the weights of the best validation evaluation.
@@ -61,7 +66,8 @@ class SweepConfig:
     ``attention_positions`` adds learned absolute positions to pure-attention models (zoology's first paper).
     ``mixed_in`` (seq_len, num_pairs, batch size): a short setting whose batches take every other training step
     (the even ones) of every setting with longer sequences, as zoology trains on a mixture led by short
-    sequences; without it attention stays at chance at length 256 within 1,000 steps. () for none."""
+    sequences; without it attention stays at chance at length 256 within 1,000 steps. () for none.
+    ``plateau_steps``: the step limit of the plateau extension (module docstring); 0 for none."""
 
     mixers: tuple[str, ...]
     widths: tuple[int, ...]
@@ -80,6 +86,7 @@ class SweepConfig:
     attention_positions: bool = False
     attention_conv_size: int = 0
     mixed_in: tuple[int, ...] = ()
+    plateau_steps: int = 0
 
     def __post_init__(self) -> None:
         bad = [m for m in self.mixers if m not in MIXER_SPECS]
@@ -96,6 +103,8 @@ class SweepConfig:
             if len(self.mixed_in) != 3 or min(self.mixed_in) < 1:
                 raise ValueError(f"mixed_in: expected (seq_len, num_pairs, batch_size), got {self.mixed_in}")
             generate(1, vocab_size=self.vocab_size, seq_len=self.mixed_in[0], num_pairs=self.mixed_in[1], seed=0)
+        if self.plateau_steps and self.plateau_steps < self.evals_per_run:
+            raise ValueError(f"plateau_steps: {self.plateau_steps} is fewer than evals_per_run")
         if not self.lrs or min(self.lrs) <= 0:
             raise ValueError(f"lrs: expected positive learning rates, got {self.lrs}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -125,7 +134,7 @@ FULL = SweepConfig(
     settings=((64, 4, 1000, 32), (64, 8, 1000, 16), (256, 16, 1000, 8), (256, 32, 1000, 8)),
     lrs=log_lrs(1e-3, 10**-1.5, 4), seeds=(0, 1, 2), vocab_size=80, num_layers=2, num_heads=2,
     intermediate_size=0, val_examples=128, test_examples=512, evals_per_run=25, patience=5,
-    attention_conv_size=4, mixed_in=(64, 4, 32))
+    attention_conv_size=4, mixed_in=(64, 4, 32), plateau_steps=3000)
 QUICK = SweepConfig(
     mixers=tuple(MIXER_SPECS), widths=(16, 32), settings=((48, 4, 40, 8),), lrs=(3e-3, 1e-2), seeds=(0, 1),
     vocab_size=32, num_layers=2, num_heads=2, intermediate_size=0, val_examples=32, test_examples=64,
@@ -142,6 +151,7 @@ class Job:
     num_pairs: int
     lr: float
     seed: int
+    extended: bool = False  # trained with the plateau extension's step limit
 
     @property
     def group(self) -> tuple[str, int, int, int]:
@@ -150,7 +160,8 @@ class Job:
 
     @staticmethod
     def of(run: dict[str, Any]) -> Job:
-        return Job(run["mixer"], run["d_model"], run["seq_len"], run["num_pairs"], run["lr"], run["seed"])
+        return Job(run["mixer"], run["d_model"], run["seq_len"], run["num_pairs"], run["lr"], run["seed"],
+                   run.get("extended", False))
 
 
 def lr_jobs(cfg: SweepConfig) -> list[Job]:
@@ -221,6 +232,7 @@ def score(model: torch.nn.Module, batch: Batch, chunk: int = 64) -> tuple[float,
 
 def train_config(cfg: SweepConfig, job: Job) -> TrainConfig:
     steps, batch = steps_and_batch(cfg, job.seq_len, job.num_pairs)
+    steps = cfg.plateau_steps if job.extended else steps
     return TrainConfig(vocab_size=cfg.vocab_size, seq_len=job.seq_len, train_pairs=(job.num_pairs,),
                        hidden_size=job.d_model, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
                        head_dim=job.d_model // cfg.num_heads, intermediate_size=cfg.intermediate_size,
@@ -311,7 +323,9 @@ def _rank(run: dict[str, Any]) -> tuple:
 def select_best(cfg: SweepConfig, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One ``best`` entry per group whose learning-rate runs are all finished: the winning lr (chosen on validation
     accuracy among the runs that left the plateau; if none did, the entry says ``plateau: true``), its test
-    accuracy, and the test accuracy over the seeds finished at that lr (mean, min, max)."""
+    accuracy, and the test accuracy over the seeds finished at that lr (mean, min, max). A group that needs the
+    plateau extension says ``extension: "pending"`` until those runs are in; then the winner is chosen among both
+    stages (``extended``: it comes from the longer one)."""
     by_job = {Job.of(r): r for r in runs}
     out = []
     for job in lr_jobs(cfg):
@@ -320,25 +334,50 @@ def select_best(cfg: SweepConfig, runs: list[dict[str, Any]]) -> list[dict[str, 
         tried = [by_job.get(Job(*job.group, lr, cfg.seeds[0])) for lr in cfg.lrs]
         if any(r is None for r in tried):
             continue
-        win = min(tried, key=_rank)
-        seeded = [by_job[j] for j in (Job(*job.group, win["lr"], s) for s in cfg.seeds) if j in by_job]
+        extension, longer = "none", []
+        if cfg.plateau_steps and not any(r["left_plateau"] for r in tried):
+            longer = [by_job.get(j) for j in extension_jobs(cfg, job.group)]
+            extension = "pending" if any(r is None for r in longer) else "done"
+        win = min(tried + (longer if extension == "done" else []), key=_rank)
+        ext = win.get("extended", False)
+        seeded = [by_job[j] for j in (Job(*job.group, win["lr"], s, ext) for s in cfg.seeds) if j in by_job]
         accs = [r["test_accuracy"] for r in seeded]
         out.append({"mixer": job.mixer, "d_model": job.d_model, "seq_len": job.seq_len,
                     "num_pairs": job.num_pairs, "lr": win["lr"], "val_accuracy": win["val_accuracy"],
                     "test_accuracy": win["test_accuracy"], "stop_reason": win["stop_reason"],
                     "plateau": not win["left_plateau"], "state_floats": win["state_floats"],
                     "lr_accuracy": {f"{r['lr']:g}": r["val_accuracy"] for r in tried},
+                    "extension": extension, "extended": ext,
+                    "extended_lr_accuracy": {f"{r['lr']:g}": r["val_accuracy"] for r in longer if r is not None},
                     "seeds": [r["seed"] for r in seeded], "seeds_plateau": sum(not r["left_plateau"] for r in seeded),
                     "test_mean": round(float(np.mean(accs)), 5), "test_min": min(accs), "test_max": max(accs),
-                    "complete": len(seeded) == len(cfg.seeds)})
+                    "complete": len(seeded) == len(cfg.seeds) and extension != "pending"})
     return out
 
 
+def extension_jobs(cfg: SweepConfig, group: tuple[str, int, int, int]) -> list[Job]:
+    """The plateau extension of ``group``: every learning rate, the first seed, ``plateau_steps`` steps."""
+    return [Job(*group, lr, cfg.seeds[0], True) for lr in cfg.lrs]
+
+
 def seed_jobs(cfg: SweepConfig, best: list[dict[str, Any]]) -> list[Job]:
-    """The further seeds at each winning learning rate."""
-    return [Job(b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"], b["lr"], s) for b in best
-            for s in cfg.seeds[1:]]
+    """The jobs a finished group still wants: its plateau extension while pending, else the further seeds at its
+    winning learning rate (and stage)."""
+    out = []
+    for b in best:
+        group = (b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"])
+        if b.get("extension") == "pending":
+            out += extension_jobs(cfg, group)
+        else:
+            out += [Job(*group, b["lr"], s, b.get("extended", False)) for s in cfg.seeds[1:]]
+    return out
 
 
-def total_runs(cfg: SweepConfig) -> int:
-    return len(lr_jobs(cfg)) + len(lr_jobs(cfg)) // len(cfg.lrs) * (len(cfg.seeds) - 1)
+def total_runs(cfg: SweepConfig, runs: list[dict[str, Any]] = ()) -> int:
+    """Runs the sweep holds when complete, as far as ``runs`` tell: every finished run, every learning-rate run,
+    and per group its wanted jobs (:func:`seed_jobs`; seeds assumed for groups not finished yet, and the seeds
+    after a pending extension)."""
+    best = select_best(cfg, list(runs))
+    wanted = {Job.of(r) for r in runs} | set(lr_jobs(cfg)) | set(seed_jobs(cfg, best))
+    unknown = len(lr_jobs(cfg)) // len(cfg.lrs) - len(best) + sum(b.get("extension") == "pending" for b in best)
+    return len(wanted) + unknown * (len(cfg.seeds) - 1)

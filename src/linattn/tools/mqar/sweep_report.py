@@ -14,7 +14,8 @@ def _settings(doc: dict[str, Any]) -> list[tuple[int, int]]:
 
 def format_best(doc: dict[str, Any]) -> str:
     """Progress, then one row per mixer and width: per setting the seeds' mean test accuracy [min-max] at the
-    winning lr; ``*`` marks an entry on the plateau, ``?`` one whose seeds are not all finished."""
+    winning lr; ``*`` marks an entry on the plateau, ``+`` one won in the plateau extension (longer runs), ``?`` one
+    whose seeds (or extension) are not all finished."""
     p = doc["progress"]
     lines = [f"runs finished: {p['finished']} of {p['total']}{' (complete)' if p['complete'] else ''}"]
     best = {(b["mixer"], b["d_model"], b["seq_len"], b["num_pairs"]): b for b in doc["best"]}
@@ -28,12 +29,14 @@ def format_best(doc: dict[str, Any]) -> str:
                 if b is None:
                     cells.append("-")
                     continue
-                mark = ("*" if b["plateau"] else "") + ("" if b["complete"] else "?")
+                mark = ("*" if b["plateau"] else "") + ("+" if b.get("extended") else "") + (
+                    "" if b["complete"] else "?")
                 cells.append(f"{100 * b['test_mean']:.0f} [{100 * b['test_min']:.0f}-{100 * b['test_max']:.0f}] "
                              f"lr {b['lr']:.2g}{mark}")
             lines.append(f"{mixer:<20}{d:>5}" + "".join(f"{c:>26}" for c in cells))
     lines.append("test accuracy % at the lr with the best validation accuracy: mean [min-max] over seeds "
-                 f"{doc['config']['seeds']}; * = no lr left the plateau, ? = seeds not all finished")
+                 f"{doc['config']['seeds']}; * = no lr left the plateau, + = won in the plateau extension, "
+                 "? = seeds or extension not all finished")
     return "\n".join(lines)
 
 

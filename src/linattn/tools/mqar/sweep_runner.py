@@ -80,7 +80,8 @@ def carried_over(cfg: SweepConfig, doc: dict[str, Any]) -> list[dict[str, Any]]:
         old = SweepConfig.from_json(stored)
     except (TypeError, ValueError):
         return []  # a config this code cannot read decides nothing here
-    jobs = set(sweep.lr_jobs(cfg)) | {Job(*j.group, j.lr, s) for j in sweep.lr_jobs(cfg) for s in cfg.seeds}
+    jobs = {Job(*j.group, j.lr, s, ext) for j in sweep.lr_jobs(cfg) for s in cfg.seeds
+            for ext in ((False, True) if cfg.plateau_steps else (False,))}
     return [r for r in doc["runs"]
             if Job.of(r) in jobs and sweep.run_inputs(old, Job.of(r)) == sweep.run_inputs(cfg, Job.of(r))]
 
@@ -95,7 +96,7 @@ def session_doc(workers: int) -> dict[str, Any]:
 
 def build_doc(cfg: SweepConfig, runs: list, sessions: list, created: str) -> dict[str, Any]:
     best = sweep.select_best(cfg, runs)
-    total = sweep.total_runs(cfg)
+    total = sweep.total_runs(cfg, runs)
     return {"schema": SCHEMA, "created": created, "updated": _now(), "config": config_doc(cfg),
             "machine": sessions[-1]["machine"], "versions": sessions[-1]["versions"], "sessions": sessions,
             "progress": {"finished": len(runs), "total": total,
@@ -121,7 +122,7 @@ def _init_worker() -> None:
 
 def _describe(run: dict[str, Any]) -> str:
     return (f"{run['mixer']} d{run['d_model']} T{run['seq_len']}/{run['num_pairs']} lr {run['lr']:g} "
-            f"seed {run['seed']}")
+            f"seed {run['seed']}{' (plateau extension)' if run.get('extended') else ''}")
 
 
 def run_sweep(cfg: SweepConfig, *, output: str | os.PathLike | None, workers: int = 1, overwrite: bool = False,
@@ -153,8 +154,8 @@ def run_sweep(cfg: SweepConfig, *, output: str | os.PathLike | None, workers: in
     torch.set_num_threads(1)  # one thread per run, in this process too when it trains inline
     ex: Any = _Inline() if workers == 1 else ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
-    bar = tqdm(total=sweep.total_runs(cfg), initial=len(runs), desc="mqar sweep", unit="run", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=sweep.total_runs(cfg, runs), initial=len(runs), desc="mqar sweep", unit="run",
+               disable=not progress, dynamic_ncols=True)
     in_flight: dict[Future, Job] = {}
     new = 0
     doc = build_doc(cfg, runs, sessions, created)
@@ -176,6 +177,7 @@ def run_sweep(cfg: SweepConfig, *, output: str | os.PathLike | None, workers: in
                 if output is not None:
                     write_result(doc, output, "mqar_sweep", overwrite=True)
                 enqueue(sweep.seed_jobs(cfg, doc["best"]), front=True)
+                bar.total = doc["progress"]["total"]  # grows when a group needs the plateau extension
                 bar.update(1)
                 _report(bar, rec, doc["best"], f"{len(runs)}/{doc['progress']['total']}")
     finally:
