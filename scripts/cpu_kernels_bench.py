@@ -11,7 +11,8 @@ the state) for decode. Timings on a shared machine move between runs; ratios tak
 - accumulate and gated (elu1 features, T = 8192, H = 8, D = 64): "auto" against "torch" at each thread count,
   GFLOP/s counting 4 Dk Dv flops per token and head, and what ``cpu_numba.prefers_compiled`` chose;
 - decode, one in-place ``linattn.step``: H = 8, D = 64 from a prefill's state and from ``State.zeros``, and the
-  Qwen3-Next geometry at B = 1, 4, 16; the serial one-call kernel against the parallel token loop at 2 threads,
+  Qwen3-Next geometry at B = 1, 4, 16, 1 and 2 threads in alternating blocks; the serial one-call kernel against
+  the parallel token loop at 2 threads,
   the bytes a step must move (the state read and written) per second as a fraction of the copy bandwidth;
 - with ``--base SRC`` (a ``src`` folder of another revision): that tree's prefill kernel and this one's, alone,
   alternating in one process at 1 thread.
@@ -189,9 +190,13 @@ def run_decode(limits_copy: dict) -> list[dict]:
         many = partial(repeat, step, calls)
 
         row = {"case": f"decode gated_delta {name}", "B": B, "H": H, "D": D, "state_entries": B * H * D * D}
+        times = {n: [] for n in THREADS}
+        for _ in range(5):  # thread counts alternate, so a drift in the machine's speed affects both alike
+            for n in THREADS:
+                torch.set_num_threads(n)
+                times[n].append(best(many, 1)[0] / calls)
         for n in THREADS:
-            torch.set_num_threads(n)
-            t = best(many, 5)[0] / calls
+            t = min(times[n])
             row[f"us_{n}t"] = t * 1e6
             gbs = 2 * state_bytes / t / 1e9
             row[f"of_copy_{n}t"] = gbs / limits_copy[(state_bytes, n)]

@@ -9,6 +9,7 @@ in test_kernels_cpu.py: 2e-4 for float32 (the token loop typically reaches 1e-6)
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -468,3 +469,58 @@ def test_prefill_l2_features_inside_the_kernel(rule, gate, normalize, Dk, Dv, gr
             seg = {n: (x[:, a:b] if isinstance(x, torch.Tensor) else x) for n, x in pk.items()}
             ref = reference_call(q[:1, a:b], k[:1, a:b], v[:1, a:b], **seg)
             assert rel_err(o_p[:, a:b], ref[0]) < 2e-4
+
+
+# ------------------------------------------------------------------------------ bfloat16 read in the kernel
+@pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
+@pytest.mark.parametrize("feature_map", [None, "l2"])
+@pytest.mark.parametrize("Dk,Dv,group", [(5, 7, 1), (64, 64, 2), (128, 33, 1)])
+def test_prefill_reads_bfloat16_in_place(rule, gate, normalize, feature_map, Dk, Dv, group, monkeypatch):
+    """bfloat16 q, k, v with no feature map to apply first (none, or L2 inside the kernel) reach the kernel as their
+    bits, widened as they are loaded: the same output and state, bit for bit, as the float32 call on the widened
+    inputs, unpacked and packed; a map the kernel does not compute (elu1) still widens first."""
+    seen = []
+    real = cpu_backend._numba.prefill if cpu_backend.load() else None
+    monkeypatch.setattr(cpu_backend._numba, "prefill", lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw))
+    q, k, v, kw = make(rule, gate, Hq=2, group=group, T=41, Dk=Dk, Dv=Dv, dtype=torch.bfloat16)
+    B, _, H, _ = v.shape
+    args = dict(kw, normalize=normalize, feature_map=feature_map, initial_state=initial(B, H, Dk, Dv, normalize))
+    o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
+    o32, S32 = linattn.linear_attention(q.float(), k.float(), v.float(), backend="cpu", output_final_state=True,
+                                        **args)
+    assert seen == [np.int16, np.float32]
+    assert o.dtype == torch.bfloat16 and torch.equal(o, o32.to(torch.bfloat16))
+    assert torch.equal(S.S, S32.S) and (S.z is None or torch.equal(S.z, S32.z))
+    check(o, S, reference_call(q, k, v, **args), 2e-2)
+
+    cu = torch.tensor([0, 1, 17, 17, 41])  # packed: lengths 1, 16, 0, 24 in one row
+    pk = {n: (x[:1] if n in ("g", "beta") else x) for n, x in dict(args, initial_state=None).items()}
+    o_p, _ = linattn.linear_attention(q[:1], k[:1], v[:1], backend="cpu", cu_seqlens=cu, **pk)
+    o_p32, _ = linattn.linear_attention(q[:1].float(), k[:1].float(), v[:1].float(), backend="cpu", cu_seqlens=cu,
+                                        **pk)
+    assert torch.equal(o_p, o_p32.to(torch.bfloat16))
+
+    seen.clear()
+    if normalize:  # elu1 runs in torch, on float32 copies
+        linattn.linear_attention(q, k, v, backend="cpu", **dict(args, feature_map="elu1"))
+        assert seen == [np.float32]
+
+
+def test_prefill_bfloat16_keeps_nan_and_inf_in_their_rows():
+    """A NaN or an infinity in a bfloat16 value row goes through the widening unchanged, as in float32."""
+    q, k, v, kw = make("delta", None, B=1, Hq=1, T=9, Dk=8, Dv=8, dtype=torch.bfloat16)
+    v[0, 4, 0, 2], v[0, 6, 0, 5] = torch.nan, torch.inf
+    o, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)
+    o32, _ = linattn.linear_attention(q.float(), k.float(), v.float(), backend="cpu", **kw)
+    assert torch.equal(o.isnan(), o32.to(torch.bfloat16).isnan()) and o[0, :4].isfinite().all()
+    assert o[0, 4:].isnan().any()
+
+
+def test_prefill_kernel_refuses_mixed_input_dtypes():
+    from linattn.kernels import cpu_numba
+
+    x = np.zeros((3, 1, 4), np.float32)
+    ST = np.zeros((1, 1, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="q, k, v must all be float32 or all int16"):
+        cpu_numba.prefill(x, x, x.astype(np.int16), None, None, np.array([0, 3]), ST, x.copy(), scale=1.0, eps=0.0,
+                          clamp=False, normalize=False)

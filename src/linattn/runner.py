@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from linattn import backends
+from linattn import backends, buffers
 from linattn.call import Call
 from linattn.layout import features, group_heads, with_ones_column
 from linattn.ops.common import normalized_read
@@ -57,7 +57,12 @@ def run_torch(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tens
     form = call.ops.FORMS[call.form]
     slab = slab_tokens(B * H, call.Dk + Dv, call.chunk_size, torch.finfo(dtype).bits // 8) if (
         call.form == "chunk") else T
-    out = None if call.grad else torch.empty(B, T, H, Dv, dtype=v.dtype, device=v.device)
+    if call.grad:
+        out = None
+    elif v.is_cpu:
+        out = buffers.empty((B, T, H, Dv), v.dtype)
+    else:
+        out = torch.empty(B, T, H, Dv, dtype=v.dtype, device=v.device)
     pieces = []
 
     # torch.split, not slicing: autograd then joins the slabs' gradients in one concatenation, where each slice

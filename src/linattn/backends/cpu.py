@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from linattn import feature_maps
+from linattn import buffers, feature_maps
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
@@ -93,6 +93,11 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     return a if shape is None else a.reshape(shape)
 
 
+def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
+    """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
+    return x.detach().contiguous().view(torch.int16).numpy().reshape(shape)
+
+
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
             cu_seqlens: torch.Tensor | None):
     """Whole sequence(s) on the numba kernel; arguments as :func:`linattn.backends.linear_attention` takes them.
@@ -101,8 +106,10 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     H, Dv = v.shape[-2:]
     cu = (np.arange(B + 1, dtype=np.int64) * T if cu_seqlens is None
           else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
-    qf, kf = q.to(torch.float32), k.to(torch.float32)
     l2qk = fmap is feature_maps.l2 and not grad  # the kernel normalizes each row as it loads it: no copy of q, k
+    # bfloat16 q, k, v that the kernel reads as they are (no feature map to apply first): no float32 copies
+    raw = not grad and (fmap is None or l2qk) and q.dtype == k.dtype == v.dtype == torch.bfloat16
+    qf, kf = (q, k) if raw else (q.to(torch.float32), k.to(torch.float32))
     if fmap is not None and not l2qk:
         qf, kf = fmap(qf), fmap(kf)
     Dk = qf.shape[-1]
@@ -113,11 +120,15 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     if grad:
         return with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq)
     ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
-    o = torch.empty(B * T, H, Dv, dtype=torch.float32)
-    _numba.prefill(f32(qf, (B * T, Hq, Dk)), f32(kf, (B * T, Hq, Dk)), f32(v, (*flat, Dv)), f32(g, (*flat, -1)),
+    o = buffers.empty((B * T, H, Dv))
+    view = bf16_bits if raw else f32
+    _numba.prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)), f32(g, (*flat, -1)),
                    f32(beta, flat), cu, ST.numpy(), o.numpy(), scale=scale, eps=float(eps),
                    clamp=eps_mode == "clamp", normalize=normalize, l2qk=l2qk)
-    return o.view(B, T, H, Dv).to(v.dtype), ST.transpose(-1, -2).contiguous()
+    o = o.view(B, T, H, Dv)
+    if v.dtype != torch.float32:
+        o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)
+    return o, ST.transpose(-1, -2).contiguous()
 
 
 def with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq):
@@ -155,7 +166,7 @@ class CompiledPrefill(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, cu, scale, every):
         ST = S0.detach().to(torch.float32).transpose(-1, -2).contiguous()
-        o = torch.empty(v.shape, dtype=torch.float32)
+        o = buffers.empty(tuple(v.shape))
         ckpt = _numba.prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, ST.numpy(), o.numpy(),
                                    scale=scale, eps=0.0, clamp=False, normalize=False, every=every)
         ctx.save_for_backward(q, k, v, g, beta, S0)

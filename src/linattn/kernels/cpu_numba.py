@@ -29,7 +29,9 @@ import torch
 from llvmlite import ir
 from numba import types as nbtypes
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
+
+from linattn import buffers
 
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
@@ -171,6 +173,31 @@ def _prefetch(typingctx, address):
         return context.get_dummy_value()
 
     return nbtypes.void(nbtypes.int64), codegen
+
+
+@intrinsic
+def _bits_as_f32(typingctx, bits):
+    """The float32 whose IEEE bits are the int32 ``bits`` (a bitcast)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return nbtypes.float32(nbtypes.int32), codegen
+
+
+def _f32(x):
+    """An input element as float32: a float32 as it is, an int16 as the bfloat16 whose bits it holds (the prefill
+    reads bfloat16 q, k and v in place, with no float32 copy in memory)."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_f32, inline="always")
+def _f32_overload(x):
+    if isinstance(x, nbtypes.Float):
+        return lambda x: x
+    if isinstance(x, nbtypes.Integer) and x.bitwidth == 16:  # bfloat16 is the top half of a float32
+        return lambda x: _bits_as_f32(np.int32(np.int64(np.uint16(x)) << 16))
+    return None
 
 
 def _prefetch_span(at, nbytes):
@@ -319,7 +346,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
              ckpt, ck_start, cols, l2qk):
     """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
 
-    q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq); G [T, H, 1 or Dk] the gates already exponentiated
+    q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq), float32, or int16 holding bfloat16 bits (q, k and v
+    alike: each element is widened as it is loaded); G [T, H, 1 or Dk] the gates already exponentiated
     (a = exp(g)); beta [T, H]; o [T, H, Dv]; den [T, H] scratch for the normalizer's read. Sequence n is tokens
     ``cu[n] ... cu[n+1] - 1`` and runs from its own state ``ST [N, H, Dw, Dk]`` (updated in place); an unpacked
     batch is the case ``cu = [0, T, 2T, ...]`` of its flattened rows. A sequence never reads another's tokens, and
@@ -354,6 +382,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
         STbh = ST[n, h]
         base = ST.ctypes.data  # ST, q, k, v, o, G are C-contiguous (the caller checks)
         q_at, k_at, v_at, o_at, G_at = q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, G.ctypes.data
+        qb, vb = q.itemsize, v.itemsize  # bytes per element: 4, or 2 for bfloat16 bits
         # Local vectors, one allocation each: LLVM then knows that none of them is the state.
         vec = np.empty((4, Dk), dtype=np.float32)  # the token's vectors, passed to the quads by address
         vec_at = vec.ctypes.data
@@ -365,9 +394,9 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                 ckpt[ck_start[n] + (t - t0) // every, h, j0:j1] = STbh[j0:j1]
             tp = t + PREFETCH_AHEAD
             if tp < t1:
-                _prefetch_span_jit(q_at + (tp * Hq + hq) * Dk * 4, Dk * 4)
-                _prefetch_span_jit(k_at + (tp * Hq + hq) * Dk * 4, Dk * 4)
-                _prefetch_span_jit(v_at + ((tp * H + h) * Dv + j0) * 4, (min(j1, Dv) - j0) * 4)
+                _prefetch_span_jit(q_at + (tp * Hq + hq) * Dk * qb, Dk * qb)
+                _prefetch_span_jit(k_at + (tp * Hq + hq) * Dk * qb, Dk * qb)
+                _prefetch_span_jit(v_at + ((tp * H + h) * Dv + j0) * vb, (min(j1, Dv) - j0) * vb)
                 _prefetch_span_jit(o_at + ((tp * H + h) * Dv + j0) * 4, (min(j1, Dv) - j0) * 4)
                 if per_channel:
                     _prefetch_span_jit(G_at + (tp * H + h) * Dk * 4, Dk * 4)
@@ -379,8 +408,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                 a = G[t, h, 0]
             mode = 2 if per_channel else (1 if gated else 0)
             for i in range(Dk):
-                qa[i] = q[t, hq, i]
-                ka[i] = k[t, hq, i]
+                qa[i] = _f32(q[t, hq, i])
+                ka[i] = _f32(k[t, hq, i])
             if l2qk:
                 _l2_jit(qa, Dk)
                 _l2_jit(ka, Dk)
@@ -396,7 +425,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                         pn[j - j0] = pj
                 tn = t + 1 if t + 1 < t1 else t  # the next token's key (the last token's prediction is unused)
                 for i in range(Dk):
-                    kn[i] = k[tn, hq, i]
+                    kn[i] = _f32(k[tn, hq, i])
                 if l2qk:
                     _l2_jit(kn, Dk)
                 if per_channel:
@@ -408,10 +437,10 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                 if Dk == 64 or Dk == 128:
                     while j + 3 < j1:
                         at = base + (((n * H + h) * Dw + j) * Dk) * 4
-                        u0 = bt * (v[t, h, j] - ap * pn[j - j0])
-                        u1 = bt * (v[t, h, j + 1] - ap * pn[j + 1 - j0])
-                        u2 = bt * (v[t, h, j + 2] - ap * pn[j + 2 - j0])
-                        u3 = bt * (v[t, h, j + 3] - ap * pn[j + 3 - j0])
+                        u0 = bt * (_f32(v[t, h, j]) - ap * pn[j - j0])
+                        u1 = bt * (_f32(v[t, h, j + 1]) - ap * pn[j + 1 - j0])
+                        u2 = bt * (_f32(v[t, h, j + 2]) - ap * pn[j + 2 - j0])
+                        u3 = bt * (_f32(v[t, h, j + 3]) - ap * pn[j + 3 - j0])
                         o0, o1, o2, o3, p0, p1, p2, p3 = _quads_delta_jit(at, vec_at, Dk, mode, a, u0, u1, u2, u3)
                         o[t, h, j] = sc * o0
                         o[t, h, j + 1] = sc * o1
@@ -423,8 +452,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                         pn[j + 3 - j0] = p3
                         j += 4
                 while j + 1 < j1:
-                    u0 = bt * (v[t, h, j] - ap * pn[j - j0])
-                    u1 = bt * (v[t, h, j + 1] - ap * pn[j + 1 - j0])
+                    u0 = bt * (_f32(v[t, h, j]) - ap * pn[j - j0])
+                    u1 = bt * (_f32(v[t, h, j + 1]) - ap * pn[j + 1 - j0])
                     o0 = np.float32(0.0)
                     o1 = np.float32(0.0)
                     p0 = np.float32(0.0)
@@ -465,7 +494,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                     pn[j + 1 - j0] = p1
                     j += 2
                 if j < j1:
-                    u0 = bt * (v[t, h, j] - ap * pn[j - j0])
+                    u0 = bt * (_f32(v[t, h, j]) - ap * pn[j - j0])
                     o0 = np.float32(0.0)
                     p0 = np.float32(0.0)
                     for i in range(Dk):
@@ -480,9 +509,9 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                 if Dk == 64 or Dk == 128:
                     while j + 3 < j1:
                         at = base + (((n * H + h) * Dw + j) * Dk) * 4
-                        w3 = v[t, h, j + 3] if j + 3 < Dv else np.float32(1.0)  # z remembers a constant value 1
-                        o0, o1, o2, o3 = _quads_plain_jit(at, vec_at, Dk, mode, a, v[t, h, j], v[t, h, j + 1],
-                                                          v[t, h, j + 2], w3)
+                        w3 = _f32(v[t, h, j + 3]) if j + 3 < Dv else np.float32(1.0)  # z remembers a constant value 1
+                        o0, o1, o2, o3 = _quads_plain_jit(at, vec_at, Dk, mode, a, _f32(v[t, h, j]), _f32(v[t, h, j + 1]),
+                                                          _f32(v[t, h, j + 2]), w3)
                         o[t, h, j] = o0
                         o[t, h, j + 1] = o1
                         o[t, h, j + 2] = o2
@@ -492,8 +521,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                             den[t, h] = o3
                         j += 4
                 while j + 1 < j1:
-                    w0 = v[t, h, j]
-                    w1 = v[t, h, j + 1] if j + 1 < Dv else np.float32(1.0)  # z remembers a constant value 1
+                    w0 = _f32(v[t, h, j])
+                    w1 = _f32(v[t, h, j + 1]) if j + 1 < Dv else np.float32(1.0)  # z remembers a constant value 1
                     o0 = np.float32(0.0)
                     o1 = np.float32(0.0)
                     if per_channel:
@@ -527,7 +556,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                         den[t, h] = o1
                     j += 2
                 if j < j1:
-                    w0 = v[t, h, j] if j < Dv else np.float32(1.0)
+                    w0 = _f32(v[t, h, j]) if j < Dv else np.float32(1.0)
                     o0 = np.float32(0.0)
                     for i in range(Dk):
                         s0 = (ga[i] if per_channel else a) * STbh[j, i] + ka[i] * w0
@@ -775,7 +804,8 @@ def prefill_cols(pairs: int, Dv: int, threads: int) -> int:
 
 def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
             every: int = 0, cols: int | None = None, l2qk: bool = False) -> np.ndarray | None:
-    """Call :func:`_prefill` on float32 NumPy views (``cu`` int64); ``ST`` [N, H, Dw, Dk] is updated in place and
+    """Call :func:`_prefill` on float32 NumPy views (``cu`` int64; q, k and v may instead all be int16 views of
+    bfloat16 tensors, read in place); ``ST`` [N, H, Dw, Dk] is updated in place and
     ``o`` [T, H, Dv] written; ``l2qk``: apply the L2 feature map to q and k inside the kernel. ``every > 0`` also
     returns the checkpoints ``[count, H, Dw, Dk]`` for :func:`backward`. ``cols``: value rows per work unit
     (None: :func:`prefill_cols`). Threads: torch's count."""
@@ -788,9 +818,12 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     beta = _DUMMY2 if beta is None else beta
     if every > 0:
         ck_start, count = checkpoint_starts(cu, every)
-        ckpt = np.empty((count, H, Dw, Dk), dtype=np.float32)
+        ckpt = buffers.empty((count, H, Dw, Dk)).numpy()
     else:
         ck_start, ckpt = _DUMMY_I, _DUMMY4
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.int16)):
+        raise ValueError(f"prefill: q, k, v must all be float32 or all int16 (bfloat16 bits), got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}")
     if not all(x.flags.c_contiguous for x in (q, k, v, G, ST, o)):
         raise ValueError("prefill: q, k, v, g, ST and o must be C-contiguous")
     den = np.empty((q.shape[0], H), dtype=np.float32) if normalize else _DUMMY2
@@ -812,7 +845,7 @@ def backward(q, k, v, g, beta, cu, ckpt, dST, do, *, scale: float, every: int):
     T = q.shape[0]
     gated, delta = g is not None, beta is not None
     per_channel = gated and g.shape[2] != 1
-    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    dq, dk, dv = (buffers.empty(x.shape).numpy() for x in (q, k, v))
     dg = np.empty_like(g) if gated else _DUMMY3
     dbeta = np.empty((T, H), dtype=np.float32) if delta else _DUMMY2
     ck_start, _ = checkpoint_starts(cu, every)
