@@ -2,7 +2,10 @@
 
 Every rate is a fraction of a limit measured in the same run at the same thread count: the float32 matmul rate
 (``torch.mm`` of 1024 x 1024 matrices) for prefill, and the copy bandwidth (``Tensor.copy_`` of as many bytes as
-the state) for decode. Timings on a shared machine move between runs; ratios taken side by side move less.
+the state) for decode. Timings on a shared machine move between runs, and within one run by 30% and more over
+minutes; ratios taken side by side move less. So each prefill case is timed in three rounds, each round the
+matmul rate then the call, at 1 thread then at 2, and its fractions and its speed-up are medians of the per-round
+ratios.
 
 - prefill, delta and gated_delta, B = 1, T = 8192, H = 8, D = 64 and the Qwen3-Next geometry (T = 4096, 16 q/k
   heads, 32 value heads, D = 128), float32 and bfloat16 inputs, nonzero initial state, final state returned:
@@ -114,7 +117,30 @@ def prefill_inputs(rule, T, Hq, H, D, dtype, seed=0):
     return q.to(dtype), k.to(dtype), v.to(dtype), kw
 
 
-def run_prefill(limits: dict, quick: bool) -> list[dict]:
+def side_by_side(call, flops: float, rounds: int = 3) -> dict:
+    """``call`` against the matmul rate, each timed right after the other at 1 and at 2 threads, in ``rounds``
+    rounds: ms per thread count (the fastest round), GFLOP/s, the fraction of the matmul rate and the 1 -> 2
+    speed-up as medians of the per-round ratios (a drift in the machine's speed between rounds cancels)."""
+    ms, rate, frac, scaling = {n: [] for n in THREADS}, {n: [] for n in THREADS}, {n: [] for n in THREADS}, []
+    for r in range(rounds):
+        for n in THREADS:
+            torch.set_num_threads(n)
+            rate[n].append(matmul_rate())
+            t = best(call, 1, 1 if r == 0 else 0)[0]
+            ms[n].append(t * 1e3)
+            frac[n].append(flops / t / 1e9 / rate[n][-1])
+        scaling.append(ms[1][-1] / ms[2][-1])
+    out = {}
+    for n in THREADS:
+        out[f"ms_{n}t"] = min(ms[n])
+        out[f"gflops_{n}t"] = flops / min(ms[n]) / 1e6
+        out[f"matmul_gflops_{n}t"] = statistics.median(rate[n])
+        out[f"of_matmul_{n}t"] = statistics.median(frac[n])
+    out["scaling_1_to_2"] = statistics.median(scaling)
+    return out
+
+
+def run_prefill(quick: bool) -> list[dict]:
     rows = []
     for geo, shape in PREFILL.items():
         shape = dict(shape, T=shape["T"] // 8) if quick else shape
@@ -123,23 +149,20 @@ def run_prefill(limits: dict, quick: bool) -> list[dict]:
             for dtype in (torch.float32, torch.bfloat16):
                 q, k, v, kw = prefill_inputs(rule, dtype=dtype, **shape)
                 row = {"case": f"prefill {rule} {geo} {str(dtype)[6:]}", **shape}
+                row.update(side_by_side(partial(linattn.linear_attention, q, k, v, output_final_state=True, **kw),
+                                        flops))
                 for n in THREADS:
                     torch.set_num_threads(n)
-                    t, _ = best(partial(linattn.linear_attention, q, k, v, output_final_state=True, **kw), 3)
-                    row[f"ms_{n}t"] = t * 1e3
-                    row[f"gflops_{n}t"] = flops / t / 1e9
-                    row[f"of_matmul_{n}t"] = flops / t / 1e9 / limits[n]["matmul_gflops"]
                     if dtype == torch.float32:
                         t_torch, _ = best(partial(linattn.linear_attention, q, k, v, output_final_state=True,
                                                   backend="torch", **kw), 1, 0)  # one call: seconds each
                         row[f"torch_ms_{n}t"] = t_torch * 1e3
-                row["scaling_1_to_2"] = row["ms_1t"] / row["ms_2t"]
                 rows.append(row)
                 print_row(row)
     return rows
 
 
-def run_chunk_rules(limits: dict, quick: bool) -> list[dict]:
+def run_chunk_rules(quick: bool) -> list[dict]:
     rows = []
     shape = dict(T=1024 if quick else 8192, Hq=8, H=8, D=64)
     flops = 4 * shape["D"] ** 2 * shape["T"] * shape["H"]
@@ -148,11 +171,12 @@ def run_chunk_rules(limits: dict, quick: bool) -> list[dict]:
         row = {"case": f"prefill {rule} h8 float32", **shape}
         for n in THREADS:
             torch.set_num_threads(n)
+            mm = matmul_rate()  # right before the calls it is compared with
             row[f"prefers_compiled_{n}t"] = cpu_numba.prefers_compiled(rule, 1, shape["T"], shape["H"], shape["D"], n)
             for backend in ("auto", "torch", "cpu"):
                 t, _ = best(partial(linattn.linear_attention, q, k, v, backend=backend, **kw), 3)
                 row[f"{backend}_ms_{n}t"] = t * 1e3
-            row[f"cpu_of_matmul_{n}t"] = flops / (row[f"cpu_ms_{n}t"] / 1e3) / 1e9 / limits[n]["matmul_gflops"]
+            row[f"cpu_of_matmul_{n}t"] = flops / (row[f"cpu_ms_{n}t"] / 1e3) / 1e9 / mm
             row[f"auto_over_torch_{n}t"] = row[f"auto_ms_{n}t"] / row[f"torch_ms_{n}t"]
         rows.append(row)
         print_row(row)
@@ -314,9 +338,9 @@ def main(argv=None) -> None:
     try:
         with torch.no_grad():
             if "prefill" not in skip:
-                out["prefill"] = run_prefill(limits, args.quick)
+                out["prefill"] = run_prefill(args.quick)
             if "chunk" not in skip:
-                out["chunk_rules"] = run_chunk_rules(limits, args.quick)
+                out["chunk_rules"] = run_chunk_rules(args.quick)
             if "decode" not in skip:
                 out["decode"] = run_decode(copy)
             if args.base:

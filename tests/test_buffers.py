@@ -12,7 +12,6 @@ import torch
 from linattn import buffers
 
 
-
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

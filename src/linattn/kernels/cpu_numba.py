@@ -510,8 +510,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                     while j + 3 < j1:
                         at = base + (((n * H + h) * Dw + j) * Dk) * 4
                         w3 = _f32(v[t, h, j + 3]) if j + 3 < Dv else np.float32(1.0)  # z remembers a constant value 1
-                        o0, o1, o2, o3 = _quads_plain_jit(at, vec_at, Dk, mode, a, _f32(v[t, h, j]), _f32(v[t, h, j + 1]),
-                                                          _f32(v[t, h, j + 2]), w3)
+                        o0, o1, o2, o3 = _quads_plain_jit(at, vec_at, Dk, mode, a, _f32(v[t, h, j]),
+                                                          _f32(v[t, h, j + 1]), _f32(v[t, h, j + 2]), w3)
                         o[t, h, j] = o0
                         o[t, h, j + 1] = o1
                         o[t, h, j + 2] = o2
