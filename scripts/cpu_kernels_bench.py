@@ -3,7 +3,7 @@
 Every rate is a fraction of a limit measured in the same run at the same thread count: the float32 matmul rate
 (``torch.mm`` of 1024 x 1024 matrices) for prefill, and the copy bandwidth (``Tensor.copy_`` of as many bytes as
 the state) for decode. Timings on a shared machine move between runs, and within one run by 30% and more over
-minutes; ratios taken side by side move less. So each prefill case is timed in three rounds, each round the
+minutes; ratios taken side by side move less. So each prefill case is timed in five rounds, each round the
 matmul rate then the call, at 1 thread then at 2, and its fractions and its speed-up are medians of the per-round
 ratios.
 
@@ -117,7 +117,7 @@ def prefill_inputs(rule, T, Hq, H, D, dtype, seed=0):
     return q.to(dtype), k.to(dtype), v.to(dtype), kw
 
 
-def side_by_side(call, flops: float, rounds: int = 3) -> dict:
+def side_by_side(call, flops: float, rounds: int = 5) -> dict:
     """``call`` against the matmul rate, each timed right after the other at 1 and at 2 threads, in ``rounds``
     rounds: ms per thread count (the fastest round), GFLOP/s, the fraction of the matmul rate and the 1 -> 2
     speed-up as medians of the per-round ratios (a drift in the machine's speed between rounds cancels)."""
@@ -256,7 +256,7 @@ def kernel_call(mod, q, k, v, g, beta, cu, S0, o, scale) -> None:
     mod.prefill(q, k, v, g, beta, cu, S0.copy(), o, scale=scale, eps=0.0, clamp=False, normalize=False)
 
 
-def run_ab(base_src: str, limits: dict, quick: bool) -> list[dict]:
+def run_ab(base_src: str, quick: bool) -> list[dict]:
     """This tree's prefill kernel and another tree's, alone (float32 views), alternating, 1 thread."""
     torch.set_num_threads(1)
     base = load_kernel(base_src)
@@ -276,15 +276,19 @@ def run_ab(base_src: str, limits: dict, quick: bool) -> list[dict]:
                      for name, mod in (("base", base), ("this", cpu_numba))}
             times = {"base": [], "this": []}
             calls["base"](), calls["this"]()
+            rate = []
             for _ in range(3):
+                rate.append(matmul_rate())  # beside the calls it is compared with
                 for name, call in calls.items():
                     times[name].append(best(call, 1, 0)[0])
+            mm = statistics.median(rate)
             flops = 6 * D * D * T * H
             row = {"case": f"kernel A/B {rule} {geo}", "base_ms": min(times["base"]) * 1e3,
                    "this_ms": min(times["this"]) * 1e3}
             row["this_over_base"] = row["this_ms"] / row["base_ms"]
-            row["this_of_matmul"] = flops / (row["this_ms"] / 1e3) / 1e9 / limits[1]["matmul_gflops"]
-            row["base_of_matmul"] = flops / (row["base_ms"] / 1e3) / 1e9 / limits[1]["matmul_gflops"]
+            row["matmul_gflops"] = mm
+            row["this_of_matmul"] = flops / (row["this_ms"] / 1e3) / 1e9 / mm
+            row["base_of_matmul"] = flops / (row["base_ms"] / 1e3) / 1e9 / mm
             rows.append(row)
             print_row(row)
     return rows
@@ -344,7 +348,7 @@ def main(argv=None) -> None:
             if "decode" not in skip:
                 out["decode"] = run_decode(copy)
             if args.base:
-                out["kernel_ab"] = run_ab(args.base, limits, args.quick)
+                out["kernel_ab"] = run_ab(args.base, args.quick)
     finally:
         torch.set_num_threads(threads_before)
     out["load_after"] = os.getloadavg()
