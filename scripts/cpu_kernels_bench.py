@@ -15,7 +15,7 @@ ratios.
   GFLOP/s counting 4 Dk Dv flops per token and head, and what ``cpu_numba.prefers_compiled`` chose;
 - decode, one in-place ``linattn.step``: H = 8, D = 64 from a prefill's state and from ``State.zeros``, and the
   Qwen3-Next geometry at B = 1, 4, 16, 1 and 2 threads in alternating blocks; the serial one-call kernel against
-  the parallel token loop at 2 threads,
+  its parallel build (heads split over threads) at 2 threads,
   the bytes a step must move (the state read and written) per second as a fraction of the copy bandwidth;
 - with ``--base SRC`` (a ``src`` folder of another revision): that tree's prefill kernel and this one's, alone,
   alternating in one process at 1 thread.
@@ -225,7 +225,8 @@ def run_decode(limits_copy: dict) -> list[dict]:
             gbs = 2 * state_bytes / t / 1e9
             row[f"of_copy_{n}t"] = gbs / limits_copy[(state_bytes, n)]
         old = cpu_numba.DECODE_PARALLEL_MIN_WORK, cpu_decode.PARALLEL_MIN_WORK
-        cpu_numba.DECODE_PARALLEL_MIN_WORK = cpu_decode.PARALLEL_MIN_WORK = 0  # force the parallel token loop
+        cpu_numba.DECODE_PARALLEL_MIN_WORK = cpu_decode.PARALLEL_MIN_WORK = 0  # force the heads split over threads
+        torch.set_num_threads(2)
         try:
             row["parallel_us_2t"] = best(many, 5)[0] / calls * 1e6
         finally:

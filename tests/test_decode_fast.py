@@ -377,17 +377,17 @@ def _launches(monkeypatch):
     from linattn.kernels import cpu_numba
 
     seen = []
-    real = cpu_numba._launch
-    monkeypatch.setattr(cpu_numba, "_launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
+    real = cpu_numba.launch
+    monkeypatch.setattr(cpu_numba, "launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
     return seen
 
 
 @pytest.mark.parametrize("rule,gate,fmap", [("gated", "head", "elu1"), ("gated_delta", "channel", "l2")],
                          ids=["plain", "full-path"])
 def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate, fmap):
-    """A large batch step with two threads runs serially (the parallel token loop was measured slower than one
-    thread at every decode size): the plain case on the one-call kernel, another case (per-channel gates on a
-    delta rule) on the serial token loop; both right against the reference."""
+    """A batch step with two threads below ``cpu_decode.PARALLEL_MIN_WORK`` state entries runs serially (waking the
+    second thread cost more than it saved there): the plain case on the one-call kernel, another case
+    (per-channel gates on a delta rule) on the serial token loop; both right against the reference."""
     launched = _launches(monkeypatch)
     q, k, v, kw = inputs(rule, gate=gate, B=64, T=4, H=8, D=16, Dv=16)  # 64*8*16*17 entries: above the old bar
     threads = torch.get_num_threads()
@@ -404,8 +404,8 @@ def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate
 
 
 def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
-    """With the threshold set to 0 (a machine where the parallel step pays) the step takes the parallel token
-    loop on two threads and stays right."""
+    """With the thresholds set to 0 (a machine where the parallel step pays) the step splits its heads over two
+    threads (the one-call kernel's parallel build) and stays right."""
     import numba
 
     from linattn.kernels import cpu_numba
@@ -489,3 +489,69 @@ def test_state_zeros_of_the_wrong_shape_still_names_the_state(calls):
     with pytest.raises(ValueError, match="state.S must be"):
         linattn.step(**tok, state=State.zeros(B, H, tok["q"].shape[-1] + 1, Dv), **opts)
     assert calls == []
+
+
+@pytest.mark.parametrize("rule,gate,fmap", [("accumulate", None, "elu1"), ("gated", "head", "relu1"),
+                                            ("gated", "channel", "l2"), ("delta", None, None),
+                                            ("gated_delta", "head", "l2")])
+@pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
+def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, inplace):
+    """The parallel build of the one-call kernel (heads split over two threads, taken from
+    ``cpu_decode.PARALLEL_MIN_WORK`` state entries) gives the serial kernel's outputs and states bit for bit, for
+    step and Decoder, grouped value heads, both layouts of the result; and the reference's."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    split = []
+    real = cpu_decode.decode_split
+    monkeypatch.setattr(cpu_decode, "decode_split", lambda n, *a: split.append(n) or real(n, *a))
+    q, k, v, kw = stable_inputs(rule, gate, fmap, B=3, H=2, G=2, D=9, Dv=6)
+    opts = dict(rule=rule, feature_map=fmap)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        o_serial, state_serial = decode(q, k, v, kw, inplace=inplace, **opts)
+        assert split == []
+        monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 0)
+        o_split, state_split = decode(q, k, v, kw, inplace=inplace, **opts)
+        assert split == [2] * (q.shape[1] - 3)
+        _, state = linattn.linear_attention(q[:, :3], k[:, :3], v[:, :3], output_final_state=True,
+                                            **{n: x[:, :3] for n, x in kw.items()}, **opts)
+        dec = linattn.Decoder(state, **opts)
+        outs = [dec(q[:, t].contiguous(), k[:, t].contiguous(), v[:, t].contiguous(),
+                    **{n: x[:, t].contiguous() for n, x in kw.items()}) for t in range(3, q.shape[1])]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(o_split, o_serial) and torch.equal(state_split.S, state_serial.S)
+    assert torch.equal(torch.stack(outs, dim=1), o_serial[:, 3:]) and torch.equal(dec.state.S, state_serial.S)
+    assert len(split) == 2 * (q.shape[1] - 3)
+    check_against_reference(q, k, v, kw, o_split, state_split, **opts)
+
+
+@pytest.mark.parametrize("Dv,split", [(2047, False), (2048, True)], ids=["below", "at"])
+def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split):
+    """With the default threshold a step at 2 threads splits its heads exactly from ``PARALLEL_MIN_WORK`` state
+    entries (here one head of 2,048 x Dv, unnormalized) and gives the serial kernel's result bit for bit."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    assert 2048 * 2048 == cpu_decode.PARALLEL_MIN_WORK
+    seen = []
+    real = cpu_decode.decode_split
+    monkeypatch.setattr(cpu_decode, "decode_split", lambda n, *a: seen.append(n) or real(n, *a))
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 2048, generator=gen), F.normalize(torch.randn(1, 1, 2048, generator=gen), dim=-1)
+    v, beta = torch.randn(1, 1, Dv, generator=gen), torch.rand(1, 1, generator=gen)
+    S0 = torch.randn(1, 1, 2048, Dv, generator=gen) * 0.01
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        o, st = linattn.step(q, k, v, State(S0.clone(), None), rule="delta", beta=beta, inplace=True)
+        torch.set_num_threads(1)  # the serial kernel
+        o1, st1 = linattn.step(q, k, v, State(S0.clone(), None), rule="delta", beta=beta, inplace=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == ([2] if split else [])
+    assert torch.equal(o, o1) and torch.equal(st.S, st1.S)

@@ -130,8 +130,7 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
             return None
     elif z is not None:
         return None
-    if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
-        return None  # past the measured threshold the general path splits the heads over threads
+    threads = torch.get_num_threads() if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK else 1  # measured threshold
     if inplace:
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None
@@ -140,9 +139,10 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
         buf = S.new_empty((B, HV, D, Dw))
         out = buf.data_ptr()
     o = torch.empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
-    status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0,
-                       beta.data_ptr() if delta else 0, S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, gate_width, code,
-                       eps_mode == "clamp", normalize, delta, scale, eps)
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0, beta.data_ptr() if delta else 0,
+            S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, gate_width, code, eps_mode == "clamp", normalize, delta, scale,
+            eps)
+    status = kd.decode(*args) if threads == 1 else kd.decode_split(threads, *args)
     if status != kd.OK:
         return None  # nothing was written; the full path raises the error that names the gate
     if inplace:
@@ -266,14 +266,16 @@ class Decoder:
         S_at = S.data_ptr()
         if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)):
             return None
-        if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and torch.get_num_threads() > 1:
-            return None  # past the measured threshold the general path splits the heads over threads
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None
         o = torch.empty_like(v)
-        status = kd.decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if self._gated else 0,
-                           beta.data_ptr() if self._delta else 0, S_at, S_at, o.data_ptr(), B, Hq, HV, D, Dv,
-                           gate_width, self._code, self._clamp, self.normalize, self._delta, self._scale, self._eps)
+        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if self._gated else 0,
+                beta.data_ptr() if self._delta else 0, S_at, S_at, o.data_ptr(), B, Hq, HV, D, Dv, gate_width,
+                self._code, self._clamp, self.normalize, self._delta, self._scale, self._eps)
+        if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and (threads := torch.get_num_threads()) > 1:
+            status = kd.decode_split(threads, *args)  # past the measured threshold: heads split over threads
+        else:
+            status = kd.decode(*args)
         if status != kd.OK:
             return None  # nothing was written; the full path raises the error that names the gate
         torch.autograd.graph.increment_version(S)  # written through a raw pointer: autograd must know

@@ -37,9 +37,11 @@ from linattn.kernels.cpu_numba import f32_pointer
 FEATURE_CODES = {None: 0, "identity": 0, "relu1": 1, "elu1": 2, "l2": 3}
 L2_EPS = np.float32(1e-6)  # inside the root, as linattn.feature_maps.l2
 OK, BAD_GATE = 0, 1
-# Batch decode splits its heads over threads from this many state entries (B*H*Dk*Dw) when torch has more than
-# one thread; below it the serial kernel here runs (measured, see cpu_numba.DECODE_PARALLEL_MIN_WORK).
-PARALLEL_MIN_WORK = cpu_numba.DECODE_PARALLEL_MIN_WORK
+# A decode step splits its heads over threads (decode_split) from this many state entries (B*H*Dk*Dw) when torch
+# has more than one thread; below it the serial kernel runs. On the 2-core AMD EPYC waking the second thread cost
+# about 100 us, and the split took 0.55-0.96x the serial time from 4M entries (16 MiB of state) and 1.07-4.1x
+# below (scripts/decode_split_ab.py, benchmarks/results/decode_split_cpu.txt).
+PARALLEL_MIN_WORK = 1 << 22
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})
@@ -203,6 +205,75 @@ _sweep_read2_jit = numba.njit(**_INLINE)(_sweep_read2)
 _sweep_write_jit = numba.njit(**_INLINE)(_sweep_write)
 
 
+def _group(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp, code, sc,
+           ep, in_place, qf, kf, qa, ga, w, r, p):
+    """Query/key head ``hq`` of sequence ``b`` and the value heads it serves, through one token (the body of
+    :func:`_decode`, inlined into its serial and its parallel build; ``qf`` ... ``p`` are scratch vectors; fewer
+    than 30 arguments, or CPython passes them as one tuple, which numba cannot inline)."""
+    HV, D, Dw = S.shape[1], S.shape[2], S.shape[3]
+    Dv = v.shape[2]
+    group = HV // q.shape[1]
+    _features_jit(q[b, hq], qf, code)
+    _features_jit(k[b, hq], kf, code)
+    qk = np.float32(0.0)
+    for i in range(D):
+        qk += qf[i] * kf[i]
+    for h in range(hq * group, (hq + 1) * group):
+        a = np.float32(1.0)
+        if per_channel:  # diag(a) S: the read S_new^T q becomes S^T (a * q), the gate rides on q
+            for i in range(D):
+                ga[i] = _exp_jit(g[b, h, i])
+                qa[i] = qf[i] * ga[i]
+        else:
+            if gated:
+                a = _exp_jit(g[b, h, 0])
+            for i in range(D):
+                ga[i] = a
+                qa[i] = qf[i]
+        for j in range(Dv):
+            w[j] = v[b, h, j]
+        if normalize:
+            w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
+        if delta:  # u = beta (v - a S^T k), S <- a S + k u^T, o = a S^T q + (q.k) u
+            _sweep_read2_jit(S[b, h], kf, qf, p, r)
+            bt = beta[b, h]
+            for j in range(Dw):
+                w[j] = bt * (w[j] - a * p[j])
+            if in_place:  # the head is still in L1 from the read
+                _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
+            else:
+                _sweep_write_jit(S[b, h], S_new[b, h], ga, kf, w)
+        else:  # o = S_new^T q = S^T (a q) + (q.k) w
+            head = ((b * HV + h) * D * Dw) * 4
+            at, to = S_at + head, out_at + head
+            # the usual head sizes with the normalizer column, widths as constants (see the sweep)
+            # (in place, the same variable twice: LLVM then sees one array, not two that might overlap)
+            if D == 64 and Dw == 65 and in_place:
+                _sweep_write_read4_jit(at, at, 64, 65, qa, kf, ga, w, r)
+            elif D == 64 and Dw == 65:
+                _sweep_write_read4_jit(at, to, 64, 65, qa, kf, ga, w, r)
+            elif D == 128 and Dw == 129 and in_place:
+                _sweep_write_read4_jit(at, at, 128, 129, qa, kf, ga, w, r)
+            elif D == 128 and Dw == 129:
+                _sweep_write_read4_jit(at, to, 128, 129, qa, kf, ga, w, r)
+            elif in_place:
+                _sweep_write_read_jit(S[b, h], S[b, h], qa, kf, ga, w, r)
+            else:
+                _sweep_write_read_jit(S[b, h], S_new[b, h], qa, kf, ga, w, r)
+        ra = np.float32(1.0) if per_channel else a
+        if normalize:
+            den = sc * (ra * r[Dv] + qk)
+            den = max(den, ep) if clamp else den + ep
+            for j in range(Dv):
+                o[b, h, j] = sc * (ra * r[j] + qk * w[j]) / den
+        else:
+            for j in range(Dv):
+                o[b, h, j] = sc * (ra * r[j] + qk * w[j])
+
+
+_group_jit = numba.njit(**_INLINE)(_group)
+
+
 def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
             normalize, delta, scale, eps):
     """One token: q, k [B, Hq, D]; v, o [B, HV, Dv]; g [B, HV, gate_width] (gate_width 0: no gate); beta [B, HV]
@@ -238,65 +309,50 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     w = np.empty(Dw, dtype=np.float32)
     r = np.empty(Dw, dtype=np.float32)
     p = np.empty(Dw, dtype=np.float32)
-    group = HV // Hq
     for b in range(B):
         for hq in range(Hq):
-            _features_jit(q[b, hq], qf, code)
-            _features_jit(k[b, hq], kf, code)
-            qk = np.float32(0.0)
-            for i in range(D):
-                qk += qf[i] * kf[i]
-            for h in range(hq * group, (hq + 1) * group):
-                a = np.float32(1.0)
-                if per_channel:  # diag(a) S: the read S_new^T q becomes S^T (a * q), the gate rides on q
-                    for i in range(D):
-                        ga[i] = _exp_jit(g[b, h, i])
-                        qa[i] = qf[i] * ga[i]
-                else:
-                    if gated:
-                        a = _exp_jit(g[b, h, 0])
-                    for i in range(D):
-                        ga[i] = a
-                        qa[i] = qf[i]
-                for j in range(Dv):
-                    w[j] = v[b, h, j]
-                if normalize:
-                    w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
-                if delta:  # u = beta (v - a S^T k), S <- a S + k u^T, o = a S^T q + (q.k) u
-                    _sweep_read2_jit(S[b, h], kf, qf, p, r)
-                    bt = beta[b, h]
-                    for j in range(Dw):
-                        w[j] = bt * (w[j] - a * p[j])
-                    if in_place:  # the head is still in L1 from the read
-                        _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
-                    else:
-                        _sweep_write_jit(S[b, h], S_new[b, h], ga, kf, w)
-                else:  # o = S_new^T q = S^T (a q) + (q.k) w
-                    head = ((b * HV + h) * D * Dw) * 4
-                    at, to = S_at + head, out_at + head
-                    # the usual head sizes with the normalizer column, widths as constants (see the sweep)
-                    # (in place, the same variable twice: LLVM then sees one array, not two that might overlap)
-                    if D == 64 and Dw == 65 and in_place:
-                        _sweep_write_read4_jit(at, at, 64, 65, qa, kf, ga, w, r)
-                    elif D == 64 and Dw == 65:
-                        _sweep_write_read4_jit(at, to, 64, 65, qa, kf, ga, w, r)
-                    elif D == 128 and Dw == 129 and in_place:
-                        _sweep_write_read4_jit(at, at, 128, 129, qa, kf, ga, w, r)
-                    elif D == 128 and Dw == 129:
-                        _sweep_write_read4_jit(at, to, 128, 129, qa, kf, ga, w, r)
-                    elif in_place:
-                        _sweep_write_read_jit(S[b, h], S[b, h], qa, kf, ga, w, r)
-                    else:
-                        _sweep_write_read_jit(S[b, h], S_new[b, h], qa, kf, ga, w, r)
-                ra = np.float32(1.0) if per_channel else a
-                if normalize:
-                    den = sc * (ra * r[Dv] + qk)
-                    den = max(den, ep) if clamp else den + ep
-                    for j in range(Dv):
-                        o[b, h, j] = sc * (ra * r[j] + qk * w[j]) / den
-                else:
-                    for j in range(Dv):
-                        o[b, h, j] = sc * (ra * r[j] + qk * w[j])
+            _group_jit(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp,
+                       code, sc, ep, in_place, qf, kf, qa, ga, w, r, p)
+    return OK
+
+
+def _decode_split(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
+                  normalize, delta, scale, eps):
+    """:func:`_decode` with its (sequence, query/key head) groups split over threads (``prange``), for states
+    large enough to pay for waking them."""
+    Dw = Dv + 1 if normalize else Dv
+    q = numba.carray(f32_pointer(q_at), (B, Hq, D))
+    k = numba.carray(f32_pointer(k_at), (B, Hq, D))
+    v = numba.carray(f32_pointer(v_at), (B, HV, Dv))
+    S = numba.carray(f32_pointer(S_at), (B, HV, D, Dw))
+    S_new = numba.carray(f32_pointer(out_at), (B, HV, D, Dw))
+    o = numba.carray(f32_pointer(o_at), (B, HV, Dv))
+    in_place = out_at == S_at
+    gated, per_channel = gate_width > 0, gate_width > 1
+    g = numba.carray(f32_pointer(g_at if gated else q_at), (B, HV, gate_width if gated else 1))
+    if gated:
+        bad = False
+        for b in range(B):
+            for h in range(HV):
+                for i in range(gate_width):
+                    bad |= not g[b, h, i] <= np.float32(0.0)  # NaN too
+        if bad:
+            return BAD_GATE
+    beta = numba.carray(f32_pointer(beta_at if delta else q_at), (B, HV))
+    sc, ep = np.float32(scale), np.float32(eps)
+    for bh in numba.prange(B * Hq):
+        b = bh // Hq
+        hq = bh - b * Hq
+        # Local vectors, one allocation each (numba hoists them out of the loop, one set per thread)
+        qf = np.empty(D, dtype=np.float32)
+        kf = np.empty(D, dtype=np.float32)
+        qa = np.empty(D, dtype=np.float32)
+        ga = np.empty(D, dtype=np.float32)
+        w = np.empty(Dw, dtype=np.float32)
+        r = np.empty(Dw, dtype=np.float32)
+        p = np.empty(Dw, dtype=np.float32)
+        _group_jit(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp,
+                   code, sc, ep, in_place, qf, kf, qa, ga, w, r, p)
     return OK
 
 
@@ -307,3 +363,10 @@ _dispatcher = numba.njit(_SIGNATURE, **_FLAGS)(_decode)
 # overload for 20 arguments as the kernel of a small state takes (measured 1.7 of 2.9 us). The caller passes
 # Python ints and floats only, in this order; anything else is a TypeError from the wrapper.
 decode = getattr(_dispatcher.overloads.get(_dispatcher.signatures[0]), "entry_point", None) or _dispatcher
+_split = numba.njit(parallel=True, **_FLAGS)(_decode_split)  # compiled on its first call
+
+
+def decode_split(threads: int, *args) -> int:
+    """:data:`decode` with its (sequence, query/key head) groups split over ``threads`` threads; same arguments
+    after the thread count, same return."""
+    return cpu_numba.launch(_split, decode, args, threads)

@@ -763,13 +763,14 @@ def _threads(work: int, pairs: int, decode: bool = False) -> int:
     return threads if threads > 1 and pairs > 1 and work >= bar else 1
 
 
-def _launch(parallel, serial, args, threads: int) -> None:
+def launch(parallel, serial, args, threads: int):
+    """``parallel(*args)`` on ``threads`` threads (one launch at a time: the workqueue layer allows no other), or
+    ``serial(*args)`` when ``threads`` is 1; returns what it returns."""
     if threads > 1:
         with _LOCK:
             numba.set_num_threads(threads)
-            parallel(*args)
-    else:
-        serial(*args)
+            return parallel(*args)
+    return serial(*args)
 
 
 def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normalize: bool) -> None:
@@ -781,7 +782,7 @@ def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normal
     g = _DUMMY4 if g is None else g
     beta = _DUMMY3 if beta is None else beta
     args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
-    _launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H, T == 1))
+    launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H, T == 1))
 
 
 def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
@@ -833,7 +834,7 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
         raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
     args = (q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
             ck_start, cols, l2qk)
-    _launch(prefill_parallel, prefill_serial, args, threads)
+    launch(prefill_parallel, prefill_serial, args, threads)
     return ckpt if every > 0 else None
 
 
@@ -851,7 +852,7 @@ def backward(q, k, v, g, beta, cu, ckpt, dST, do, *, scale: float, every: int):
     ck_start, _ = checkpoint_starts(cu, every)
     args = (q, k, v, _DUMMY3 if g is None else g, _DUMMY2 if beta is None else beta, cu, ckpt, ck_start, every,
             dST, do, dq, dk, dv, dg, dbeta, scale, gated, delta, per_channel)
-    _launch(backward_parallel, backward_serial, args, _threads(T * H * Dw * Dk, N * H))
+    launch(backward_parallel, backward_serial, args, _threads(T * H * Dw * Dk, N * H))
     return dq, dk, dv, (dg if gated else None), (dbeta if delta else None)
 
 
