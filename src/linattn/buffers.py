@@ -1,11 +1,11 @@
 """Fresh CPU buffers for outputs and large temporaries, the large ones on transparent huge pages.
 
-A fresh tensor costs a page fault per 4 KiB page on its first write. For a prefill's output (64 MiB at T = 4096,
-32 heads of width 128) that was 36 ms on top of 10 ms of writing on a 2-core AMD EPYC: glibc maps allocations
-above 32 MiB anew every time, so the faults recur on every call. A private anonymous mapping advised
-``MADV_HUGEPAGE`` faults once per 2 MiB instead (12 ms in all, measured alike). Where the kernel refuses huge pages
+A fresh tensor costs a page fault per 4 KiB page on its first write, and glibc maps allocations of 32 MiB and more
+anew every time, so for a prefill's output (64 MiB at T = 4096, 32 heads of width 128) the faults recurred on every
+call and cost several times the writing itself. A private anonymous mapping advised ``MADV_HUGEPAGE`` faults once
+per 2 MiB instead (``scripts/buffers_cost.py`` times both). Where the kernel refuses huge pages
 (``transparent_hugepage`` set to ``never``) or ``madvise`` is missing, the mapping behaves like plain memory; off
-Linux this is ``torch.empty``.
+Linux this is ``torch.empty``. Set ``MIN_BYTES`` higher (``float("inf")``: never) to keep torch's allocator.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     """An uninitialized contiguous CPU tensor, as ``torch.empty(shape, dtype=dtype)``; from ``MIN_BYTES`` on,
     backed by its own mapping on 2 MiB-aligned huge pages (released with the tensor; its storage cannot be
     resized)."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES or not hugepage_capable():
         return torch.empty(shape, dtype=dtype)
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=_FLAGS)

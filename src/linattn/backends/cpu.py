@@ -1,8 +1,9 @@
 """The compiled CPU backend (``backend="cpu"``, and ``"auto"`` where it was measured faster): the glue between
 the dispatch (:mod:`linattn.backends`) and the numba kernels in :mod:`linattn.kernels.cpu_numba` (prefill, its
-backward, the general step) and :mod:`linattn.kernels.cpu_decode` (the batch-1 decode step).
+backward, the general step) and :mod:`linattn.kernels.cpu_decode` (the one-call decode step).
 
-It runs from a float32 state on CPU tensors (float32, bfloat16 or float16 inputs, converted once), with grouped
+It runs from a float32 state on CPU tensors (float32, bfloat16 or float16 inputs; the prefill reads bfloat16 in
+place when no feature map runs in torch first, anything else is converted once), with grouped
 value heads, per-channel gates on every gated rule and packed sequences (one state per sequence, no padding). The
 prefill has a compiled backward (a reverse-time token loop from state checkpoints); a double backward
 (``create_graph=True``) recomputes in the torch chunk forms instead, so second derivatives are exact. If numba is
@@ -22,7 +23,7 @@ from linattn import buffers, feature_maps
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # converted to float32 once, on the way in
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # widened to float32 on the way in, or as loaded
 # Tokens between the state checkpoints the compiled forward keeps for its backward: the backward recomputes one
 # segment's states into a buffer of CHECKPOINT_EVERY x Dk x Dw per head (512 KiB at D = 64: it stays in L2).
 CHECKPOINT_EVERY = 32

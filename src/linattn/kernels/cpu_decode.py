@@ -1,4 +1,5 @@
-"""The compiled decode step for batch-1 latency: feature map, gate check, write and read in one numba call.
+"""The compiled decode step: feature map, gate check, write and read in one numba call (serial, or split over
+threads for large states).
 
 At batch 1 a step (H=8, D=64: one pass over 133 KB of state) is a few microseconds of work, so the layout of the
 loops decides the time. This module has its own one-token kernel, written so that LLVM vectorizes every loop over
@@ -367,6 +368,7 @@ _split = numba.njit(parallel=True, **_FLAGS)(_decode_split)  # compiled on its f
 
 
 def decode_split(threads: int, *args) -> int:
-    """:data:`decode` with its (sequence, query/key head) groups split over ``threads`` threads; same arguments
-    after the thread count, same return."""
-    return cpu_numba.launch(_split, decode, args, threads)
+    """:data:`decode` with its (sequence, query/key head) groups split over up to ``threads`` threads (no more than
+    there are groups, or than numba has); same arguments after the thread count, same return."""
+    groups = args[8] * args[9]  # B * Hq
+    return cpu_numba.launch(_split, decode, args, min(threads, groups, numba.config.NUMBA_NUM_THREADS))

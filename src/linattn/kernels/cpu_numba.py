@@ -713,17 +713,17 @@ _LOCK = threading.Lock()
 PARALLEL_MIN_WORK = 1 << 17
 
 
-# A decode step (one token) runs serial unless its state has this many entries (B*H*Dk*Dw). On the 2-core AMD
-# EPYC (loaded) the parallel token loop at 2 threads was 4-5x slower than the serial kernel at batch 1 and mixed
-# at 4-16 sequences of the Qwen3-Next geometry; scripts/cpu_kernels_bench.py times both per size: set this to
-# the smallest size where the parallel step wins in a quiet run.
+# A decode step that the one-call kernel (cpu_decode, with its own threshold) does not take runs this token loop,
+# serially unless its state has this many entries (B*H*Dk*Dw). On the 2-core AMD EPYC (loaded) the parallel token
+# loop at 2 threads was 4-5x slower than the serial one at batch 1 and mixed at 4-16 sequences of the Qwen3-Next
+# geometry, so it stays off.
 DECODE_PARALLEL_MIN_WORK = 1 << 62
 
 
 def decode_parallel_threshold(threads: int) -> int:
-    """State entries (B*H*Dk*Dw) from which a decode step splits its heads over ``threads`` threads; below it
-    the step runs the serial kernel, the same code at any thread count (no size was measured where splitting
-    pays, so the threshold is off)."""
+    """State entries (B*H*Dk*Dw) from which a decode step on this token loop (the cases the one-call kernel does
+    not take) splits its heads over ``threads`` threads; below it the serial loop runs, the same code at any thread
+    count (no size was measured where this loop's split pays, so the threshold is off)."""
     return DECODE_PARALLEL_MIN_WORK if threads > 1 else 1 << 62
 
 
@@ -817,14 +817,14 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     per_channel = gated and g.shape[2] != 1
     G = np.exp(g) if gated else _DUMMY3  # exp(-inf) = 0: an exact reset
     beta = _DUMMY2 if beta is None else beta
+    if not (q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.int16)):
+        raise ValueError(f"prefill: q, k, v must all be float32 or all int16 (bfloat16 bits), got {q.dtype}, "
+                         f"{k.dtype}, {v.dtype}")
     if every > 0:
         ck_start, count = checkpoint_starts(cu, every)
         ckpt = buffers.empty((count, H, Dw, Dk)).numpy()
     else:
         ck_start, ckpt = _DUMMY_I, _DUMMY4
-    if not (q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.int16)):
-        raise ValueError(f"prefill: q, k, v must all be float32 or all int16 (bfloat16 bits), got {q.dtype}, "
-                         f"{k.dtype}, {v.dtype}")
     if not all(x.flags.c_contiguous for x in (q, k, v, G, ST, o)):
         raise ValueError("prefill: q, k, v, g, ST and o must be C-contiguous")
     den = np.empty((q.shape[0], H), dtype=np.float32) if normalize else _DUMMY2
