@@ -42,3 +42,25 @@ def test_large_buffers_are_released_with_their_tensor():
         x.fill_(1.0)
         del x
         assert rss_bytes() - before < 32 << 20
+
+
+def test_falls_back_to_torch_when_no_mapping_or_no_advice(monkeypatch):
+    """A failed mmap or madvise, or a platform without them, still gives a working tensor."""
+    import mmap
+
+    def refuse(*args, **kwargs):
+        raise OSError("no")
+
+    shape = (buffers.MIN_BYTES // 4 + 16,)
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    x = buffers.empty(shape)
+    assert x.shape == shape and x.untyped_storage().resizable()
+    monkeypatch.undo()
+    monkeypatch.setattr(buffers, "_ADVISE", -12345)  # an advice the kernel rejects: plain pages, same mapping
+    if buffers.hugepage_capable():
+        y = buffers.empty(shape)
+        y.fill_(2.0)
+        assert y.shape == shape and bool((y == 2.0).all()) and not y.untyped_storage().resizable()
+    monkeypatch.setattr(buffers, "_ADVISE", None)
+    z = buffers.empty(shape)
+    assert z.shape == shape and z.untyped_storage().resizable()

@@ -37,7 +37,10 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < MIN_BYTES or not hugepage_capable():
         return torch.empty(shape, dtype=dtype)
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=_FLAGS)
+    try:
+        region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=_FLAGS)
+    except OSError:  # no mapping to be had: torch's allocator, and its own out-of-memory error
+        return torch.empty(shape, dtype=dtype)
     try:
         region.madvise(_ADVISE)
     except OSError:  # huge pages not offered: plain pages, as torch.empty would give

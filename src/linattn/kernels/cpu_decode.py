@@ -275,6 +275,37 @@ def _group(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channe
 _group_jit = numba.njit(**_INLINE)(_group)
 
 
+def _arrays(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, normalize, delta):
+    """The step's raw addresses as arrays (shapes as :func:`_decode` says): q, k, v, g, beta, S, S_new, o; an
+    absent g or beta is a dummy view of q."""
+    Dw = Dv + 1 if normalize else Dv
+    gated = gate_width > 0
+    q = numba.carray(f32_pointer(q_at), (B, Hq, D))
+    k = numba.carray(f32_pointer(k_at), (B, Hq, D))
+    v = numba.carray(f32_pointer(v_at), (B, HV, Dv))
+    g = numba.carray(f32_pointer(g_at if gated else q_at), (B, HV, gate_width if gated else 1))
+    beta = numba.carray(f32_pointer(beta_at if delta else q_at), (B, HV))
+    S = numba.carray(f32_pointer(S_at), (B, HV, D, Dw))
+    S_new = numba.carray(f32_pointer(out_at), (B, HV, D, Dw))
+    o = numba.carray(f32_pointer(o_at), (B, HV, Dv))
+    return q, k, v, g, beta, S, S_new, o
+
+
+def _bad_gates(g):
+    """Whether any log-gate is above 0 or NaN (checked before anything is written)."""
+    bad = False
+    B, HV, width = g.shape
+    for b in range(B):
+        for h in range(HV):
+            for i in range(width):
+                bad |= not g[b, h, i] <= np.float32(0.0)  # NaN too
+    return bad
+
+
+_arrays_jit = numba.njit(**_INLINE)(_arrays)
+_bad_gates_jit = numba.njit(**_INLINE)(_bad_gates)
+
+
 def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
             normalize, delta, scale, eps):
     """One token: q, k [B, Hq, D]; v, o [B, HV, Dv]; g [B, HV, gate_width] (gate_width 0: no gate); beta [B, HV]
@@ -282,26 +313,13 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     state written at ``out_at`` (the same address: in place). Value head h reads q/k head h // (HV / Hq). ``clamp``,
     ``normalize``, ``delta`` are 0 or 1. Returns OK, or BAD_GATE with nothing written.
     """
-    Dw = Dv + 1 if normalize else Dv
-    q = numba.carray(f32_pointer(q_at), (B, Hq, D))
-    k = numba.carray(f32_pointer(k_at), (B, Hq, D))
-    v = numba.carray(f32_pointer(v_at), (B, HV, Dv))
-    S = numba.carray(f32_pointer(S_at), (B, HV, D, Dw))
-    S_new = numba.carray(f32_pointer(out_at), (B, HV, D, Dw))
-    o = numba.carray(f32_pointer(o_at), (B, HV, Dv))
-    in_place = out_at == S_at
-    gated, per_channel = gate_width > 0, gate_width > 1
-    g = numba.carray(f32_pointer(g_at if gated else q_at), (B, HV, gate_width if gated else 1))
-    if gated:
-        bad = False
-        for b in range(B):
-            for h in range(HV):
-                for i in range(gate_width):
-                    bad |= not g[b, h, i] <= np.float32(0.0)  # NaN too
-        if bad:
-            return BAD_GATE
-    beta = numba.carray(f32_pointer(beta_at if delta else q_at), (B, HV))
+    q, k, v, g, beta, S, S_new, o = _arrays_jit(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D,
+                                                Dv, gate_width, normalize, delta)
+    gated, per_channel, in_place = gate_width > 0, gate_width > 1, out_at == S_at
+    if gated and _bad_gates_jit(g):
+        return BAD_GATE
     sc, ep = np.float32(scale), np.float32(eps)
+    Dw = S.shape[3]
     # Local vectors, one allocation each: LLVM then knows that none of them is the state.
     qf = np.empty(D, dtype=np.float32)
     kf = np.empty(D, dtype=np.float32)
@@ -321,26 +339,13 @@ def _decode_split(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV
                   normalize, delta, scale, eps):
     """:func:`_decode` with its (sequence, query/key head) groups split over threads (``prange``), for states
     large enough to pay for waking them."""
-    Dw = Dv + 1 if normalize else Dv
-    q = numba.carray(f32_pointer(q_at), (B, Hq, D))
-    k = numba.carray(f32_pointer(k_at), (B, Hq, D))
-    v = numba.carray(f32_pointer(v_at), (B, HV, Dv))
-    S = numba.carray(f32_pointer(S_at), (B, HV, D, Dw))
-    S_new = numba.carray(f32_pointer(out_at), (B, HV, D, Dw))
-    o = numba.carray(f32_pointer(o_at), (B, HV, Dv))
-    in_place = out_at == S_at
-    gated, per_channel = gate_width > 0, gate_width > 1
-    g = numba.carray(f32_pointer(g_at if gated else q_at), (B, HV, gate_width if gated else 1))
-    if gated:
-        bad = False
-        for b in range(B):
-            for h in range(HV):
-                for i in range(gate_width):
-                    bad |= not g[b, h, i] <= np.float32(0.0)  # NaN too
-        if bad:
-            return BAD_GATE
-    beta = numba.carray(f32_pointer(beta_at if delta else q_at), (B, HV))
+    q, k, v, g, beta, S, S_new, o = _arrays_jit(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D,
+                                                Dv, gate_width, normalize, delta)
+    gated, per_channel, in_place = gate_width > 0, gate_width > 1, out_at == S_at
+    if gated and _bad_gates_jit(g):
+        return BAD_GATE
     sc, ep = np.float32(scale), np.float32(eps)
+    Dw = S.shape[3]
     for bh in numba.prange(B * Hq):
         b = bh // Hq
         hq = bh - b * Hq
