@@ -529,11 +529,11 @@ def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, in
     check_against_reference(q, k, v, kw, o_split, state_split, **opts)
 
 
-@pytest.mark.parametrize("Dv,split", [(1023, False), (1024, True)], ids=["below", "at"])
+@pytest.mark.parametrize("Dv,split", [(2047, False), (2048, True)], ids=["below", "at"])
 @pytest.mark.parametrize("threads", [2, 5])
 def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads):
     """With the default threshold a step at more than one thread splits its heads exactly from
-    ``PARALLEL_MIN_WORK`` state entries (here 2 sequences of one 2,048 x Dv head, unnormalized), on no more threads
+    ``PARALLEL_MIN_WORK`` state entries (here 2 sequences of one 4,096 x Dv head, unnormalized), on no more threads
     than numba has (a torch thread count above it is capped, not an error), and gives the serial kernel's result bit
     for bit. One group (B = Hq = 1) never splits."""
     import numba
@@ -542,21 +542,21 @@ def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads)
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
-    assert 2 * 2048 * 1024 == cpu_decode.PARALLEL_MIN_WORK
+    assert 2 * 4096 * 2048 == cpu_decode.PARALLEL_MIN_WORK
     seen = []
     real = cpu_numba.launch
     monkeypatch.setattr(cpu_numba, "launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
     gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 1, 2048, generator=gen), F.normalize(torch.randn(2, 1, 2048, generator=gen), dim=-1)
+    q, k = torch.randn(2, 1, 4096, generator=gen), F.normalize(torch.randn(2, 1, 4096, generator=gen), dim=-1)
     v, beta = torch.randn(2, 1, Dv, generator=gen), torch.rand(2, 1, generator=gen)
-    S0 = torch.randn(2, 1, 2048, Dv, generator=gen) * 0.01
+    S0 = torch.randn(2, 1, 4096, Dv, generator=gen) * 0.01
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         o, st = linattn.step(q, k, v, State(S0.clone(), None), rule="delta", beta=beta, inplace=True)
-        # one group (B = Hq = 1) of 2,048 x 2,048 entries: past the threshold, but run on one thread
-        o_one, st_one = linattn.step(q[:1], k[:1], torch.ones(1, 1, 2048),
-                                     State.zeros(1, 1, 2048, 2048, normalizer=False),
+        # one group (B = Hq = 1) of 4,096 x 4,096 entries: past the threshold, but run on one thread
+        o_one, st_one = linattn.step(q[:1], k[:1], torch.ones(1, 1, 4096),
+                                     State.zeros(1, 1, 4096, 4096, normalizer=False),
                                      rule="delta", beta=beta[:1], inplace=True)
         torch.set_num_threads(1)  # the serial kernel
         o1, st1 = linattn.step(q, k, v, State(S0.clone(), None), rule="delta", beta=beta, inplace=True)
@@ -565,5 +565,5 @@ def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads)
     assert seen == ([min(2, numba.config.NUMBA_NUM_THREADS)] if split else []) + [1]
     assert torch.equal(o, o1) and torch.equal(st.S, st1.S)
     qk = torch.dot(q[0, 0], k[0, 0])  # from a zero state: S = k (beta v)^T, o = S^T q / sqrt(D)
-    assert torch.allclose(o_one[0, 0], qk * beta[0, 0] * torch.ones(2048) / 2048**0.5, rtol=1e-4, atol=1e-6)
-    assert torch.allclose(st_one.S[0, 0], torch.outer(k[0, 0], beta[0, 0] * torch.ones(2048)))
+    assert torch.allclose(o_one[0, 0], qk * beta[0, 0] * torch.ones(4096) / 4096**0.5, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(st_one.S[0, 0], torch.outer(k[0, 0], beta[0, 0] * torch.ones(4096)))

@@ -40,9 +40,9 @@ L2_EPS = np.float32(1e-6)  # inside the root, as linattn.feature_maps.l2
 OK, BAD_GATE = 0, 1
 # A decode step splits its heads over threads (decode_split) from this many state entries (B*H*Dk*Dw) when torch
 # has more than one thread; below it the serial kernel runs. On the 2-core AMD EPYC waking the second thread cost
-# about 100 us, and the split took 0.55-0.96x the serial time from 4M entries (16 MiB of state) and 1.07-4.1x
-# below (scripts/decode_split_ab.py, benchmarks/results/decode_split_cpu.txt).
-PARALLEL_MIN_WORK = 1 << 22
+# 100-450 us; in four runs the split took 0.55-0.68x the serial time from 16M entries (64 MiB of state), 0.62-1.21x
+# at 4M-8M and 1.07-15x below (scripts/decode_split_ab.py, benchmarks/results/decode_split_cpu.txt).
+PARALLEL_MIN_WORK = 1 << 24
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})
@@ -303,8 +303,8 @@ def _bad_gates(g):
 
 
 def _scratch(D, Dw):
-    """The step's local vectors qf, kf, qa, ga [D] and w, r, p [Dw], one allocation each: LLVM then knows that none
-    of them is the state."""
+    """The serial step's local vectors qf, kf, qa, ga [D] and w, r, p [Dw], one allocation each: LLVM then knows
+    that none of them is the state."""
     return (np.empty(D, dtype=np.float32), np.empty(D, dtype=np.float32), np.empty(D, dtype=np.float32),
             np.empty(D, dtype=np.float32), np.empty(Dw, dtype=np.float32), np.empty(Dw, dtype=np.float32),
             np.empty(Dw, dtype=np.float32))
@@ -351,7 +351,15 @@ def _decode_split(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV
     for bh in numba.prange(B * Hq):
         b = bh // Hq
         hq = bh - b * Hq
-        qf, kf, qa, ga, w, r, p = _scratch_jit(D, Dw)  # one set per group: groups run on different threads
+        # Written out, not _scratch: numba hoists np.empty calls in a prange body out of the loop (one set per
+        # thread); behind an inlined helper it allocated per group (2.9x the serial time at 256 groups, measured).
+        qf = np.empty(D, dtype=np.float32)
+        kf = np.empty(D, dtype=np.float32)
+        qa = np.empty(D, dtype=np.float32)
+        ga = np.empty(D, dtype=np.float32)
+        w = np.empty(Dw, dtype=np.float32)
+        r = np.empty(Dw, dtype=np.float32)
+        p = np.empty(Dw, dtype=np.float32)
         _group_jit(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp,
                    code, sc, ep, in_place, qf, kf, qa, ga, w, r, p)
     return OK
