@@ -302,16 +302,7 @@ def _bad_gates(g):
     return bad
 
 
-def _scratch(D, Dw):
-    """The serial step's local vectors qf, kf, qa, ga [D] and w, r, p [Dw], one allocation each: LLVM then knows
-    that none of them is the state."""
-    return (np.empty(D, dtype=np.float32), np.empty(D, dtype=np.float32), np.empty(D, dtype=np.float32),
-            np.empty(D, dtype=np.float32), np.empty(Dw, dtype=np.float32), np.empty(Dw, dtype=np.float32),
-            np.empty(Dw, dtype=np.float32))
-
-
 _arrays_jit = numba.njit(**_INLINE)(_arrays)
-_scratch_jit = numba.njit(**_INLINE)(_scratch)
 _bad_gates_jit = numba.njit(**_INLINE)(_bad_gates)
 
 
@@ -329,7 +320,14 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
         return BAD_GATE
     sc, ep = np.float32(scale), np.float32(eps)
     Dw = S.shape[3]
-    qf, kf, qa, ga, w, r, p = _scratch_jit(D, Dw)
+    # Local vectors, one allocation each: LLVM then knows that none of them is the state.
+    qf = np.empty(D, dtype=np.float32)
+    kf = np.empty(D, dtype=np.float32)
+    qa = np.empty(D, dtype=np.float32)
+    ga = np.empty(D, dtype=np.float32)
+    w = np.empty(Dw, dtype=np.float32)
+    r = np.empty(Dw, dtype=np.float32)
+    p = np.empty(Dw, dtype=np.float32)
     for b in range(B):
         for hq in range(Hq):
             _group_jit(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp,
