@@ -30,6 +30,12 @@ python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 3 > "$R/
 mv "$R/compiled_backward_cost_cpu.txt.tmp" "$R/compiled_backward_cost_cpu.txt"
 python scripts/packing_cost.py --threads 1 --repeats 5 > "$R/packing_cost_cpu.txt.tmp"
 mv "$R/packing_cost_cpu.txt.tmp" "$R/packing_cost_cpu.txt"
+# The chunk form's ceiling against the token loop, and the numba chunk experiment (docs/performance.md, perf.md):
+python scripts/chunk_ceiling.py > "$R/chunk_ceiling_cpu.txt.tmp"
+mv "$R/chunk_ceiling_cpu.txt.tmp" "$R/chunk_ceiling_cpu.txt"
+python scripts/chunk_vs_token_loop.py --threads 1 --T 8192 --chunks 16,32,64 --repeats 7 \
+  > "$R/chunk_vs_token_loop_cpu.txt.tmp"
+mv "$R/chunk_vs_token_loop_cpu.txt.tmp" "$R/chunk_vs_token_loop_cpu.txt"
 # GLA's per-channel backward, compiled against torch, alone and in a training step; torch's OpenMP wait policy:
 python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 5 --variants gated_head,gated_channel \
   --no-peers > "$R/compiled_backward_gated_cpu.txt.tmp"
