@@ -20,7 +20,7 @@ ratios.
 - with ``--base SRC`` (a ``src`` folder of another revision): that tree's prefill kernel and this one's, alone,
   alternating in one process at 1 thread.
 
-Usage, from the repository root (about 3 minutes on the 2-core AMD EPYC):
+Usage, from the repository root (about 2 minutes on the 2-core AMD EPYC):
 
     git archive main src | tar -x -C /tmp/linattn-base
     PYTHONPATH=src python scripts/cpu_kernels_bench.py --base /tmp/linattn-base/src --output bench.json
