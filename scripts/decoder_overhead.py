@@ -1,12 +1,14 @@
 """``linattn.Decoder`` against ``linattn.step(..., inplace=True)`` and the compiled call alone (``cpu_decode.decode``
-on the same pointers), on the same inputs, side by side in one process
-(B = 1, H = 8, D = 64, float32, one thread): microseconds per call, minimum and median over alternating blocks.
+on the same pointers), on the same inputs, side by side in one process (B = 1, float32, one thread): microseconds per
+call, minimum and median over alternating blocks, and the Decoder's median over the kernel's. Every rule at H = 8,
+D = 64; gated delta with the L2 feature map at the Qwen3-Next geometry (16 q/k heads, 32 value heads, D = 128).
 
 Usage, from the repository root: ``PYTHONPATH=src python scripts/decoder_overhead.py``
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -16,7 +18,11 @@ import torch.nn.functional as F
 import linattn
 from linattn.kernels import cpu_decode
 
-B, H, D = 1, 8, 64
+B = 1
+CASES = [  # (q/k heads, value heads, width, rule, feature map)
+    (8, 8, 64, "accumulate", "elu1"), (8, 8, 64, "gated", "elu1"), (8, 8, 64, "delta", "l2"),
+    (8, 8, 64, "gated_delta", "l2"), (16, 32, 128, "gated_delta", "l2"),
+]
 BLOCKS, CALLS = 200, 50
 
 
@@ -32,10 +38,13 @@ def per_call_us(fn) -> list[float]:
 
 def main() -> None:
     torch.set_num_threads(1)
-    print(f"Decoder vs step, B={B} H={H} D={D} float32, 1 thread; us per call, blocks of {CALLS} calls")
-    for rule, fmap in (("accumulate", "elu1"), ("gated", "elu1"), ("delta", "l2"), ("gated_delta", "l2")):
+    print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  nproc {os.cpu_count()}  load average before "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"Decoder vs step, B={B} float32, 1 thread; us per call, blocks of {CALLS} calls")
+    for Hq, H, D, rule, fmap in CASES:
         gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(B, H, D, generator=gen) for _ in range(3))
+        q, k = (torch.randn(B, Hq, D, generator=gen) for _ in range(2))
+        v = torch.randn(B, H, D, generator=gen)
         kw = {}
         if rule in ("gated", "gated_delta"):
             kw["g"] = F.logsigmoid(torch.randn(B, H, generator=gen))
@@ -55,8 +64,8 @@ def main() -> None:
         alone, o = state.clone(), torch.empty(B, H, D)
         gated, delta = "g" in kw, "beta" in kw
         args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), kw["g"].data_ptr() if gated else 0,
-                kw["beta"].data_ptr() if delta else 0, alone.S.data_ptr(), alone.S.data_ptr(), o.data_ptr(), B, H, H,
-                D, D, 1 if gated else 0, cpu_decode.FEATURE_CODES[fmap], False, not delta, delta, D**-0.5, 1e-6)
+                kw["beta"].data_ptr() if delta else 0, alone.S.data_ptr(), alone.S.data_ptr(), o.data_ptr(), B, Hq,
+                H, D, D, 1 if gated else 0, cpu_decode.FEATURE_CODES[fmap], False, not delta, delta, D**-0.5, 1e-6)
 
         def run_kernel(args=args):
             cpu_decode.decode(*args)
@@ -67,14 +76,15 @@ def main() -> None:
             times["step"] += per_call_us(run_step)
             times["kernel"] += per_call_us(run_kernel)
         d, s, c = times["decoder"], times["step"], times["kernel"]
-        print(f"{rule:12s} {fmap:5s} min: decoder {min(d):6.1f} step {min(s):6.1f} kernel {min(c):6.1f}   "
-              f"median: decoder {statistics.median(d):6.1f} step {statistics.median(s):6.1f} "
-              f"kernel {statistics.median(c):6.1f}")
-    v = torch.randn(B, H, D)
-    S = torch.zeros(B, H, D, D)
+        print(f"Hq={Hq:2d} H={H:2d} D={D:3d} {rule:12s} {fmap:5s} min: decoder {min(d):6.1f} step {min(s):6.1f} "
+              f"kernel {min(c):6.1f}   median: decoder {statistics.median(d):6.1f} step {statistics.median(s):6.1f} "
+              f"kernel {statistics.median(c):6.1f}   decoder/kernel {statistics.median(d) / statistics.median(c):.2f}")
+    v = torch.randn(B, 8, 64)
+    S = torch.zeros(B, 8, 64, 64)
     for name, fn in (("torch.empty_like(v)", lambda: torch.empty_like(v)),
                      ("increment_version(S)", lambda: torch.autograd.graph.increment_version(S))):
         print(f"{name:22s} min {min(per_call_us(fn)):5.2f} us per call (one of the Python costs around the kernel)")
+    print(f"# load average after {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
