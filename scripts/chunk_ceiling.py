@@ -18,9 +18,10 @@ Beside each ceiling the script times the token loop ("auto", float32, nonzero in
 form (``backend="torch"``) on the same inputs, each right after its own matmul measurement, in three rounds at 1
 then 2 threads; every fraction is the median of the per-round ratios.
 
-Usage, from the repository root (about a minute on a 2-core AMD EPYC):
+Usage, from the repository root (about a minute on a 2-core AMD EPYC; it prints, and
+``scripts/regenerate_results.sh`` writes the committed file):
 
-    PYTHONPATH=src python scripts/chunk_ceiling.py | tee benchmarks/results/chunk_ceiling_cpu.txt
+    PYTHONPATH=src python scripts/chunk_ceiling.py
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def counted(rule: str, D: int) -> int:
 
 
 def extra(rule: str, C: int, D: int) -> int:
-    return C * (3 * D + 2 * D) if "delta" in rule else C * (D + D)
+    return C * (3 * D + 2 * D) if "delta" in rule else C * (D + D)  # C (3 Dk + 2 Dv), C (Dk + Dv) at Dk = Dv = D
 
 
 def bmm_rate(H: int, C: int, D: int) -> float:
