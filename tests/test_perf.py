@@ -224,6 +224,46 @@ def test_thread_scaling_needs_two_thread_counts():
     assert all(t["status"] == "not measured" for t in report.scaling_targets([], work.QUICK))
 
 
+def _decode_scaling(B: int, speedups: dict[str, float], H: int = 8, D: int = 64) -> list[dict]:
+    return [{"name": f"decode/{v}/{work.CPU_IMPL}/B{B}", "threads": [1, 2], "speedup": x,
+             "shape": {"B": B, "T": None, "H": H, "D": D}} for v, x in speedups.items()]
+
+
+@pytest.mark.parametrize("split_min_work, status", [
+    (None, "missed"),  # no threshold given: every ratio is judged
+    (8 * 64 * 65, "missed"),  # the delta rules' 8*64*64 entries stay serial; the normalized rules' 8*64*65 split
+    (8 * 64 * 65 + 1, "same kernel"),  # no variant splits: the ratios are one kernel's spread, not judged
+])
+def test_decode_scaling_judges_only_steps_that_split(split_min_work, status):
+    ratios = {"accumulate": 0.7, "gated_head": 1.2, "gated_channel": 1.1, "delta": 0.5, "gated_delta": 1.3}
+    cfg = work.QUICK
+    rows = [r for Bd in cfg.decode_batches for r in _decode_scaling(Bd, ratios)]
+    t = {x["id"]: x for x in report.scaling_targets(rows, cfg, split_min_work)}["scaling_decode_b1"]
+    assert t["status"] == status
+    if split_min_work is None:
+        assert t["value"] == 0.5 and "same kernel" not in t["detail"]
+    elif status == "missed":  # judged: the normalized rules only, whose worst is accumulate's 0.7
+        assert t["value"] == 0.7 and "delta 0.50x (same kernel)" in t["detail"]
+        assert "accumulate 0.70x," in t["detail"]
+    else:
+        assert t["value"] == 0.5 and f"{split_min_work:,} entries" in t["detail"]
+
+
+def test_decode_scaling_is_met_when_the_split_steps_are_not_slower():
+    cfg = work.QUICK
+    ratios = {"accumulate": 1.4, "gated_head": 1.2, "gated_channel": 1.1, "delta": 0.5, "gated_delta": 0.9}
+    rows = [r for Bd in cfg.decode_batches for r in _decode_scaling(Bd, ratios)]
+    t = {x["id"]: x for x in report.scaling_targets(rows, cfg, 8 * 64 * 65)}
+    assert t["scaling_decode_b1"]["status"] == "met" and t["scaling_decode_b1"]["value"] == 1.1
+    assert t["scaling_decode_b4"]["status"] == "missed" and t["scaling_decode_b4"]["value"] == 0.5  # all split
+
+
+def test_run_judges_decode_against_the_kernels_own_split_threshold():
+    from linattn.kernels import cpu_decode
+
+    assert perf.decode_split_min_work() == cpu_decode.PARALLEL_MIN_WORK
+
+
 def test_markdown_rendering(doc):
     md = report.render_markdown(doc)
     assert md.startswith("# linattn CPU kernel benchmark (quick smoke configuration)")

@@ -267,9 +267,15 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
         "crosscheck": checks,
         "runs": runs,
         "scaling": scaling,
-        "scaling_targets": scaling_targets(scaling, cfg),
+        "scaling_targets": scaling_targets(scaling, cfg, decode_split_min_work()),
         "elapsed_s": time.perf_counter() - start,
     }
+
+
+def decode_split_min_work() -> int | None:
+    """The state entries from which the compiled decode step splits heads over threads (None: no compiled step)."""
+    kd = linattn.backends.decode_kernel("cpu")
+    return None if kd is None else int(kd.PARALLEL_MIN_WORK)
 
 
 def missing_peers(cases: list[Case]) -> dict[str, str]:
