@@ -126,6 +126,44 @@ def test_linear_attention_rejects(kwargs, exc, match):
         call(**kwargs)
 
 
+def _gates(dtype, bad=None, where=(0, 3, 1)):
+    g = torch.full((B, T, H), -0.25, dtype=dtype)
+    if bad is not None:
+        g[where] = bad
+    return g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad, match", [(None, None), (0.0, None), (0.5, "largest value 0.5"),
+                                        (float("nan"), "it holds NaN"), (float("inf"), "largest value inf")])
+@pytest.mark.parametrize("view", ["contiguous", "transposed", "requires_grad"])
+def test_gate_value_check_on_every_path(dtype, bad, match, view):
+    """The g <= 0 check reads float32/float64 CPU gates through NumPy and others through torch: the same verdict
+    and message either way, for any layout, with or without autograd; a single bad entry anywhere is found."""
+    g = _gates(dtype, bad)
+    if view == "transposed":  # same values, non-contiguous strides
+        g = g.transpose(1, 2).contiguous().transpose(1, 2)
+    if view == "requires_grad":
+        g.requires_grad_(True)
+    kw = dict(rule="gated", g=g)
+    if match is None:
+        o, _ = call(**kw)
+        assert torch.isfinite(o).all()
+    else:
+        with pytest.raises(ValueError, match=r"g must be <= 0 .*" + match):
+            call(**kw)
+
+
+def test_gate_value_check_falls_back_to_torch():
+    """Gates NumPy cannot view (a negative-bit view, which ``.numpy()`` refuses) are checked by torch."""
+    from linattn import checks
+
+    good, bad = (torch._neg_view(_gates(torch.float32, x).neg()) for x in (None, 0.5))
+    with pytest.raises(RuntimeError):
+        good.numpy()
+    assert checks._all_nonpositive(good) and not checks._all_nonpositive(bad)
+
+
 @pytest.mark.parametrize("form", ["recurrent", "chunk", "parallel", "scan"])
 def test_every_form_validates(form):
     """Validation is shared, not per form: a few errors through each form."""
