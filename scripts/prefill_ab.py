@@ -1,9 +1,10 @@
-"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread;
+"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread unless told;
 also gated delta with ``feature_map="l2"`` on raw q and k (whole call, "auto") and one forward + backward of an
 ``nn.LinearAttention`` delta layer with its short convolution (B=8, T=256, width 128: an MQAR training shape).
+THREADS (default 1): torch's thread count in both trees.
 
     mkdir -p /tmp/linattn-base && git archive 9a62b5c src | tar -x -C /tmp/linattn-base
-    python scripts/prefill_ab.py /tmp/linattn-base/src src
+    python scripts/prefill_ab.py /tmp/linattn-base/src src [THREADS]
 
 Each process imports one tree, times ``linattn.linear_attention(..., backend="cpu")`` without autograd (median of
 7 calls after two warm-ups) for every rule; three rounds alternate the trees, and the median round is printed.
@@ -18,7 +19,7 @@ CHILD = r'''
 import sys, time, json, torch, statistics
 sys.path.insert(0, sys.argv[1])
 import linattn
-torch.set_num_threads(1)
+torch.set_num_threads(int(sys.argv[2]))
 torch.manual_seed(0)
 B,T,H,D=1,8192,8,64
 q,k,v=(torch.randn(B,T,H,D) for _ in range(3))
@@ -56,10 +57,11 @@ out["nn delta layer fwd+bwd"]=statistics.median(ts)
 print(json.dumps(out))
 '''
 trees = {"base": sys.argv[1], "this": sys.argv[2]}  # src/ folders
+threads = sys.argv[3] if len(sys.argv) > 3 else "1"
 res = {n: [] for n in trees}
 for _round in range(3):
     for n, src in trees.items():
-        p = subprocess.run([sys.executable, "-c", CHILD, src], capture_output=True, text=True, check=True)
+        p = subprocess.run([sys.executable, "-c", CHILD, src, threads], capture_output=True, text=True, check=True)
         res[n].append(json.loads(p.stdout.strip().splitlines()[-1]))
 for case in res["base"][0]:
     b = statistics.median(x[case] for x in res["base"])

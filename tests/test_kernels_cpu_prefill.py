@@ -438,25 +438,29 @@ def test_prefers_compiled_takes_the_loop_on_one_thread():
         assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 2) == (rule in cpu_numba.COMPILED_RULES_MULTITHREAD)
 
 
-# ---------------------------------------------------------------------------------- L2 features in the kernel
+# ------------------------------------------------------------------------------ feature maps in the kernel
 @pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
 @pytest.mark.parametrize("Dk,Dv,group", [(5, 7, 1), (64, 64, 2), (128, 33, 1)])
-def test_prefill_l2_features_inside_the_kernel(rule, gate, normalize, Dk, Dv, group, monkeypatch):
-    """feature_map="l2" is applied by the kernel as it loads each row of q and k (no normalized copy): equal to
-    the float64 reference on raw q and k, unpacked and packed, with gates near 0, 1 and at -inf."""
+@pytest.mark.parametrize("fmap", ["l2", "elu1", "relu1"])
+def test_prefill_feature_maps_inside_the_kernel(rule, gate, normalize, Dk, Dv, group, fmap, monkeypatch):
+    """feature_map "l2", "elu1" or "relu1" is applied by the kernel as it loads each row of q and k (no mapped
+    copy): equal to the float64 reference on raw q and k, unpacked and packed, with gates near 0, 1 and at -inf."""
     seen = []
     real = cpu_backend._numba.prefill if cpu_backend.load() else None
-    monkeypatch.setattr(cpu_backend._numba, "prefill", lambda *a, **kw: seen.append(kw.get("l2qk")) or real(*a, **kw))
+    monkeypatch.setattr(cpu_backend._numba, "prefill", lambda *a, **kw: seen.append(kw.get("fmap")) or real(*a, **kw))
     q, k, v, kw = make(rule, gate, Hq=2, group=group, T=41, Dk=Dk, Dv=Dv)
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(q.shape, generator=gen) * 3, torch.randn(k.shape, generator=gen)  # raw: not unit rows
-    if normalize:  # positive features keep the normalizer z.q away from 0
+    if normalize and fmap == "l2":  # positive features keep the normalizer z.q away from 0
         q, k = q.abs(), k.abs()
-    k[:, 5] = 0.0  # a zero key row stays zero
+    if fmap != "l2" and "beta" in kw:  # features of norm ~sqrt(Dk): a delta write stays a contraction
+        kw["beta"] = kw["beta"] / Dk
+    k[:, 5] = 0.0  # a zero key row: stays zero under l2, maps to ones under elu1 and relu1
+    k[:, 7, 0, 0] = -30.0  # elu1 of a large negative entry is exp(-30), not 0
     B, _, H, _ = v.shape
-    args = dict(kw, normalize=normalize, feature_map="l2", initial_state=initial(B, H, Dk, Dv, normalize))
+    args = dict(kw, normalize=normalize, feature_map=fmap, initial_state=initial(B, H, Dk, Dv, normalize))
     o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
-    assert seen == [True]
+    assert seen == [fmap]
     check(o, S, reference_call(q, k, v, **args), 2e-4)
     cu = torch.tensor([0, 1, 17, 17, 41])  # packed: lengths 1, 16, 0, 24 in one row
     pk = dict(args, initial_state=None)
@@ -473,16 +477,18 @@ def test_prefill_l2_features_inside_the_kernel(rule, gate, normalize, Dk, Dv, gr
 
 # ------------------------------------------------------------------------------ bfloat16 read in the kernel
 @pytest.mark.parametrize("rule,gate,normalize", VARIANTS)
-@pytest.mark.parametrize("feature_map", [None, "l2"])
+@pytest.mark.parametrize("feature_map", [None, "l2", "elu1"])
 @pytest.mark.parametrize("Dk,Dv,group", [(5, 7, 1), (64, 64, 2), (128, 33, 1)])
 def test_prefill_reads_bfloat16_in_place(rule, gate, normalize, feature_map, Dk, Dv, group, monkeypatch):
-    """bfloat16 q, k, v with no feature map to apply first (none, or L2 inside the kernel) reach the kernel as their
-    bits, widened as they are loaded: the same output and state, bit for bit, as the float32 call on the widened
-    inputs, unpacked and packed; a map the kernel does not compute (elu1) still widens first."""
+    """bfloat16 q, k, v with no feature map to apply first (none, or one the kernel applies) reach the kernel as
+    their bits, widened as they are loaded: the same output and state, bit for bit, as the float32 call on the
+    widened inputs, unpacked and packed; a map the kernel does not compute (a callable) still widens first."""
     seen = []
     real = cpu_backend._numba.prefill if cpu_backend.load() else None
     monkeypatch.setattr(cpu_backend._numba, "prefill", lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw))
     q, k, v, kw = make(rule, gate, Hq=2, group=group, T=41, Dk=Dk, Dv=Dv, dtype=torch.bfloat16)
+    if feature_map == "elu1" and "beta" in kw:  # features of norm ~sqrt(Dk): a delta write stays a contraction
+        kw["beta"] = kw["beta"] / Dk
     B, _, H, _ = v.shape
     args = dict(kw, normalize=normalize, feature_map=feature_map, initial_state=initial(B, H, Dk, Dv, normalize))
     o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
@@ -501,8 +507,8 @@ def test_prefill_reads_bfloat16_in_place(rule, gate, normalize, feature_map, Dk,
     assert torch.equal(o_p, o_p32.to(torch.bfloat16))
 
     seen.clear()
-    if normalize:  # elu1 runs in torch, on float32 copies
-        linattn.linear_attention(q, k, v, backend="cpu", **dict(args, feature_map="elu1"))
+    if normalize:  # a callable map runs in torch, on float32 copies
+        linattn.linear_attention(q, k, v, backend="cpu", **dict(args, feature_map=lambda x: torch.relu(x) + 1))
         assert seen == [np.float32]
 
 

@@ -94,6 +94,10 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     return a if shape is None else a.reshape(shape)
 
 
+# The feature maps the compiled prefill applies itself, by the name it knows them by.
+KERNEL_MAPS = {feature_maps.relu1: "relu1", feature_maps.elu1: "elu1", feature_maps.l2: "l2"}
+
+
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
     """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
     return x.detach().contiguous().view(torch.int16).numpy().reshape(shape)
@@ -107,11 +111,13 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     H, Dv = v.shape[-2:]
     cu = (np.arange(B + 1, dtype=np.int64) * T if cu_seqlens is None
           else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
-    l2qk = fmap is feature_maps.l2 and not grad  # the kernel normalizes each row as it loads it: no copy of q, k
-    # bfloat16 q, k, v that the kernel reads as they are (no feature map to apply first): no float32 copies
-    raw = not grad and (fmap is None or l2qk) and q.dtype == k.dtype == v.dtype == torch.bfloat16
+    # A built-in map the kernel applies to each row as it loads it: no mapped copies of q and k (each a full pass
+    # in torch, and a fresh tensor whose pages fault on first write).
+    in_kernel = None if grad or fmap is None else KERNEL_MAPS.get(fmap)
+    # bfloat16 q, k, v that the kernel reads as they are (no map left to apply in torch): no float32 copies
+    raw = not grad and (fmap is None or in_kernel) and q.dtype == k.dtype == v.dtype == torch.bfloat16
     qf, kf = (q, k) if raw else (q.to(torch.float32), k.to(torch.float32))
-    if fmap is not None and not l2qk:
+    if fmap is not None and not in_kernel:
         qf, kf = fmap(qf), fmap(kf)
     Dk = qf.shape[-1]
     scale = Dk**-0.5 if scale is None else float(scale)
@@ -125,7 +131,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     view = bf16_bits if raw else f32
     _numba.prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)), f32(g, (*flat, -1)),
                    f32(beta, flat), cu, ST.numpy(), o.numpy(), scale=scale, eps=float(eps),
-                   clamp=eps_mode == "clamp", normalize=normalize, l2qk=l2qk)
+                   clamp=eps_mode == "clamp", normalize=normalize, fmap=in_kernel)
     o = o.view(B, T, H, Dv)
     if v.dtype != torch.float32:
         o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
 
 from linattn.kernels import cpu_numba
-from linattn.kernels.cpu_numba import f32_pointer
 
-# Feature maps computed inside the kernel, by code; any other map runs in torch first (``linattn.step``).
-FEATURE_CODES = {None: 0, "identity": 0, "relu1": 1, "elu1": 2, "l2": 3}
-L2_EPS = np.float32(1e-6)  # inside the root, as linattn.feature_maps.l2
+# FEATURE_CODES: the codes decode.py asks this module for
+from linattn.kernels.cpu_numba import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
+
 OK, BAD_GATE = 0, 1
 # A decode step splits its heads over threads (decode_split) from this many state entries (B*H*Dk*Dw) when torch
 # has more than one thread; below it the serial kernel runs. On the 2-core AMD EPYC waking the second thread cost
@@ -47,64 +44,6 @@ PARALLEL_MIN_WORK = 1 << 24
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})
 _INLINE = dict(_FLAGS, inline="always")
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
-
-
-@intrinsic
-def _bits_as_f64(typingctx, bits):
-    """The float64 whose IEEE bits are the int64 ``bits`` (a bitcast: 2**n from its exponent field)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
-
-
-def _exp(x):
-    """exp of a float32, rounded once to float32 (within 1e-9 relative before that rounding); NaN stays NaN.
-
-    2**t with t = x log2(e) in float64: n = trunc(t), y = (t - n) ln 2 with |y| < ln 2, exp(y) by its Taylor series
-    to degree 10 (error 4e-10), times 2**n built from the exponent bits. Inputs are clamped to [-110, 100]
-    (exp(-110) rounds to 0 in float32, exp(100) to inf), which also maps -inf to an exact 0. Branch-free, so a
-    loop of it vectorizes.
-    """
-    xc = x if x > np.float32(-110.0) else np.float32(-110.0)  # NaN -> -110 here, put back at the end
-    xc = xc if xc < np.float32(100.0) else np.float32(100.0)
-    t = np.float64(xc) * _LOG2E
-    n = np.int64(t)
-    y = (t - np.float64(n)) * _LN2
-    p = 1.0 + y * (1.0 + y * (1 / 2 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y * (
-        1 / 5040 + y * (1 / 40320 + y * (1 / 362880 + y * (1 / 3628800))))))))))
-    e = np.float32(p * _bits_as_f64((n + 1023) << 52))
-    return e if x == x else x
-
-
-_exp_jit = numba.njit(**_INLINE)(_exp)
-
-
-def _features(x, out, code):
-    """``out = phi(x)`` for one head's vector, in float32 (the same definitions as linattn.feature_maps)."""
-    n = x.shape[0]
-    if code == 3:
-        ss = np.float32(0.0)
-        for i in range(n):
-            ss += x[i] * x[i]
-        inv = np.float32(1.0) / np.sqrt(ss + L2_EPS)
-        for i in range(n):
-            out[i] = x[i] * inv
-    elif code == 2:  # elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise
-        for i in range(n):
-            xi = x[i]
-            e = _exp_jit(xi)
-            out[i] = xi + np.float32(1.0) if xi > np.float32(0.0) else e
-    elif code == 1:  # relu(x) + 1; NaN stays NaN
-        for i in range(n):
-            xi = x[i]
-            out[i] = np.float32(1.0) if xi <= np.float32(0.0) else xi + np.float32(1.0)
-    else:
-        for i in range(n):
-            out[i] = x[i]
 
 
 def _sweep_write_read(Sin, Sout, qa, k, ga, w, r):
@@ -199,7 +138,6 @@ def _sweep_write(Sin, Sout, ga, k, u):
             d[j] = ai * s[j] + ki * u[j]
 
 
-_features_jit = numba.njit(**_INLINE)(_features)
 _sweep_write_read_jit = numba.njit(**_INLINE)(_sweep_write_read)
 _sweep_write_read4_jit = numba.njit(**_INLINE)(_sweep_write_read4)
 _sweep_read2_jit = numba.njit(**_INLINE)(_sweep_read2)
@@ -214,8 +152,8 @@ def _group(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channe
     HV, D, Dw = S.shape[1], S.shape[2], S.shape[3]
     Dv = v.shape[2]
     group = HV // q.shape[1]
-    _features_jit(q[b, hq], qf, code)
-    _features_jit(k[b, hq], kf, code)
+    features_jit(q[b, hq], qf, code)
+    features_jit(k[b, hq], kf, code)
     qk = np.float32(0.0)
     for i in range(D):
         qk += qf[i] * kf[i]
@@ -223,11 +161,11 @@ def _group(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channe
         a = np.float32(1.0)
         if per_channel:  # diag(a) S: the read S_new^T q becomes S^T (a * q), the gate rides on q
             for i in range(D):
-                ga[i] = _exp_jit(g[b, h, i])
+                ga[i] = exp32_jit(g[b, h, i])
                 qa[i] = qf[i] * ga[i]
         else:
             if gated:
-                a = _exp_jit(g[b, h, 0])
+                a = exp32_jit(g[b, h, 0])
             for i in range(D):
                 ga[i] = a
                 qa[i] = qf[i]

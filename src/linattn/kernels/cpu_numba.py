@@ -200,6 +200,67 @@ def _f32_overload(x):
     return None
 
 
+# Feature maps computed inside the kernels, by code (the same definitions as linattn.feature_maps); any other map
+# runs in torch first.
+FEATURE_CODES = {None: 0, "identity": 0, "relu1": 1, "elu1": 2, "l2": 3}
+L2_EPS = np.float32(1e-6)  # inside the root, as linattn.feature_maps.l2
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@intrinsic
+def _bits_as_f64(typingctx, bits):
+    """The float64 whose IEEE bits are the int64 ``bits`` (a bitcast: 2**n from its exponent field)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return nbtypes.float64(nbtypes.int64), codegen
+
+
+def exp32(x):
+    """exp of a float32, rounded once to float32 (within 1e-9 relative before that rounding); NaN stays NaN.
+
+    2**t with t = x log2(e) in float64: n = trunc(t), y = (t - n) ln 2 with |y| < ln 2, exp(y) by its Taylor series
+    to degree 10 (error 4e-10), times 2**n built from the exponent bits. Inputs are clamped to [-110, 100]
+    (exp(-110) rounds to 0 in float32, exp(100) to inf), which also maps -inf to an exact 0. Branch-free, so a
+    loop of it vectorizes.
+    """
+    xc = x if x > np.float32(-110.0) else np.float32(-110.0)  # NaN -> -110 here, put back at the end
+    xc = xc if xc < np.float32(100.0) else np.float32(100.0)
+    t = np.float64(xc) * _LOG2E
+    n = np.int64(t)
+    y = (t - np.float64(n)) * _LN2
+    p = 1.0 + y * (1.0 + y * (1 / 2 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y * (
+        1 / 5040 + y * (1 / 40320 + y * (1 / 362880 + y * (1 / 3628800))))))))))
+    e = np.float32(p * _bits_as_f64((n + 1023) << 52))
+    return e if x == x else x
+
+
+def features(x, out, code):
+    """``out = phi(x)`` for one head's vector, in float32 (the same definitions as linattn.feature_maps)."""
+    n = x.shape[0]
+    if code == 3:
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += x[i] * x[i]
+        inv = np.float32(1.0) / np.sqrt(ss + L2_EPS)
+        for i in range(n):
+            out[i] = x[i] * inv
+    elif code == 2:  # elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise
+        for i in range(n):
+            xi = x[i]
+            e = exp32_jit(xi)
+            out[i] = xi + np.float32(1.0) if xi > np.float32(0.0) else e
+    elif code == 1:  # relu(x) + 1; NaN stays NaN
+        for i in range(n):
+            xi = x[i]
+            out[i] = np.float32(1.0) if xi <= np.float32(0.0) else xi + np.float32(1.0)
+    else:
+        for i in range(n):
+            out[i] = x[i]
+
+
 def _prefetch_span(at, nbytes):
     """Prefetch every 64-byte line of ``nbytes`` bytes from address ``at``."""
     for off in range(0, nbytes, 64):
@@ -329,21 +390,12 @@ _quads_delta_jit = numba.njit(**_INLINE)(_quads_delta)
 _quads_plain_jit = numba.njit(**_INLINE)(_quads_plain)
 
 
-def _l2(x, n):
-    """x[:n] /= sqrt(sum x^2 + 1e-6): the L2 feature map (fla's and Qwen3-Next's epsilon), in place."""
-    s = np.float32(0.0)
-    for i in range(n):
-        s += x[i] * x[i]
-    r = np.float32(1.0) / np.sqrt(s + np.float32(1e-6))
-    for i in range(n):
-        x[i] *= r
-
-
-_l2_jit = numba.njit(**_INLINE)(_l2)
+exp32_jit = numba.njit(**_INLINE)(exp32)
+features_jit = numba.njit(**_INLINE)(features)
 
 
 def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
-             ckpt, ck_start, cols, l2qk):
+             ckpt, ck_start, cols, fcode):
     """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
 
     q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq), float32, or int16 holding bfloat16 bits (q, k and v
@@ -361,8 +413,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
     it: s = a s + k u_j, o_j = s . q, and the next token's prediction p_j = s . k' (k' the next key, times its
     per-channel gate), so each state entry is loaded and stored once per token. Rows go in pairs (the token's
     vectors loaded once per two rows). The dot products need reordered sums (``reassoc``): rounding differs from
-    the torch forms at the 1e-7 level. ``l2qk``: q and k are raw, each row L2-normalized as it is loaded (no
-    normalized copy of q and k in memory).
+    the torch forms at the 1e-7 level. ``fcode`` (:data:`FEATURE_CODES`): q and k are raw and each row is mapped as it
+    is loaded (relu1, elu1 or l2: no mapped copy of q and k in memory); 0: q and k are features already.
     """
     N, H, Dw, Dk = ST.shape
     Hq = q.shape[1]
@@ -410,9 +462,9 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
             for i in range(Dk):
                 qa[i] = _f32(q[t, hq, i])
                 ka[i] = _f32(k[t, hq, i])
-            if l2qk:
-                _l2_jit(qa, Dk)
-                _l2_jit(ka, Dk)
+            if fcode != 0:
+                features_jit(qa, qa, fcode)
+                features_jit(ka, ka, fcode)
             if delta:
                 if t == t0:  # the first prediction, from the entering state: p_j = S[:, j] . (a-gated k)
                     for i in range(Dk):
@@ -426,8 +478,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                 tn = t + 1 if t + 1 < t1 else t  # the next token's key (the last token's prediction is unused)
                 for i in range(Dk):
                     kn[i] = _f32(k[tn, hq, i])
-                if l2qk:
-                    _l2_jit(kn, Dk)
+                if fcode != 0:
+                    features_jit(kn, kn, fcode)
                 if per_channel:
                     for i in range(Dk):
                         kn[i] = kn[i] * G[tn, h, i]
@@ -804,17 +856,20 @@ def prefill_cols(pairs: int, Dv: int, threads: int) -> int:
 
 
 def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
-            every: int = 0, cols: int | None = None, l2qk: bool = False) -> np.ndarray | None:
+            every: int = 0, cols: int | None = None, fmap: str | None = None) -> np.ndarray | None:
     """Call :func:`_prefill` on float32 NumPy views (``cu`` int64; q, k and v may instead all be int16 views of
-    bfloat16 tensors, read in place); ``ST`` [N, H, Dw, Dk] is updated in place and
-    ``o`` [T, H, Dv] written; ``l2qk``: apply the L2 feature map to q and k inside the kernel. ``every > 0`` also
-    returns the checkpoints ``[count, H, Dw, Dk]`` for :func:`backward`. ``cols``: value rows per work unit
-    (None: :func:`prefill_cols`). Threads: torch's count."""
+    bfloat16 tensors, read in place); ``ST`` [N, H, Dw, Dk] is updated in place and ``o`` [T, H, Dv] written;
+    ``fmap``: a feature map named in :data:`FEATURE_CODES`, applied by the kernel to q and k as it loads them.
+    ``every > 0`` also returns the checkpoints ``[count, H, Dw, Dk]`` for :func:`backward`. ``cols``: value rows
+    per work unit (None: :func:`prefill_cols`). Threads: torch's count."""
     N, H, Dw, Dk = ST.shape
     gated, delta = g is not None, beta is not None
     if delta and normalize:
         raise ValueError("normalize: the delta rules keep no normalizer")
     per_channel = gated and g.shape[2] != 1
+    if fmap not in FEATURE_CODES:
+        raise ValueError(f"fmap: the kernel applies {sorted(m for m in FEATURE_CODES if m)} or None, got {fmap!r}")
+    fcode = FEATURE_CODES[fmap]
     G = np.exp(g) if gated else _DUMMY3  # exp(-inf) = 0: an exact reset
     beta = _DUMMY2 if beta is None else beta
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.int16)):
@@ -833,7 +888,7 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     if cols < 1:
         raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
     args = (q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
-            ck_start, cols, l2qk)
+            ck_start, cols, fcode)
     launch(prefill_parallel, prefill_serial, args, threads)
     return ckpt if every > 0 else None
 
