@@ -1,6 +1,6 @@
-"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread
-(or THREADS); also gated delta with ``feature_map="l2"`` on raw q and k (whole call, "auto") and one forward + backward of an
-``nn.LinearAttention`` delta layer with its short convolution (B=8, T=256, width 128: an MQAR training shape).
+"""The compiled prefill of two source trees side by side: alternating processes, B=1, H=8, D=64, T=8192, 1 thread (or
+THREADS); also gated delta with ``feature_map="l2"`` on raw q and k (whole call, "auto") and one forward + backward
+of an ``nn.LinearAttention`` delta layer with its short convolution (B=8, T=256, width 128: an MQAR training shape).
 THREADS (default 1): torch's thread count in both trees.
 
     mkdir -p /tmp/linattn-base && git archive 9a62b5c src | tar -x -C /tmp/linattn-base
