@@ -164,6 +164,27 @@ def test_gate_value_check_falls_back_to_torch():
     assert checks._all_nonpositive(good) and not checks._all_nonpositive(bad)
 
 
+@pytest.mark.parametrize("dtype, torch_reduces", [(torch.float32, False), (torch.float64, False),
+                                                   (torch.bfloat16, True)])
+def test_gate_value_check_skips_torch_for_float_cpu_gates(dtype, torch_reduces, monkeypatch):
+    """float32/float64 CPU gates are checked without a torch reduction (which would wake torch's OpenMP threads
+    right before a compiled kernel); other dtypes keep torch's."""
+    from linattn import checks
+
+    def refuse(*a, **kw):
+        raise AssertionError("torch reduction")
+
+    monkeypatch.setattr(torch.Tensor, "all", refuse)
+    g = _gates(dtype)
+    if torch_reduces:
+        with pytest.raises(AssertionError, match="torch reduction"):
+            checks.check_gate_and_beta("gated", g, None, (B, T, H), D, g.device)
+    else:
+        checks.check_gate_and_beta("gated", g, None, (B, T, H), D, g.device)
+        with pytest.raises(ValueError, match="largest value 0.5"):
+            checks.check_gate_and_beta("gated", _gates(dtype, 0.5), None, (B, T, H), D, g.device)
+
+
 @pytest.mark.parametrize("form", ["recurrent", "chunk", "parallel", "scan"])
 def test_every_form_validates(form):
     """Validation is shared, not per form: a few errors through each form."""

@@ -456,7 +456,7 @@ def test_prefill_feature_maps_inside_the_kernel(rule, gate, normalize, Dk, Dv, g
     if fmap != "l2" and "beta" in kw:  # features of norm ~sqrt(Dk): a delta write stays a contraction
         kw["beta"] = kw["beta"] / Dk
     k[:, 5] = 0.0  # a zero key row: stays zero under l2, maps to ones under elu1 and relu1
-    k[:, 7, 0, 0] = -30.0  # elu1 of a large negative entry is exp(-30), not 0
+    k[:, 7, 0, 0] = -30.0  # a large negative entry: elu1's exp stays finite and positive there
     B, _, H, _ = v.shape
     args = dict(kw, normalize=normalize, feature_map=fmap, initial_state=initial(B, H, Dk, Dv, normalize))
     o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
@@ -473,6 +473,25 @@ def test_prefill_feature_maps_inside_the_kernel(rule, gate, normalize, Dk, Dv, g
             seg = {n: (x[:, a:b] if isinstance(x, torch.Tensor) else x) for n, x in pk.items()}
             ref = reference_call(q[:1, a:b], k[:1, a:b], v[:1, a:b], **seg)
             assert rel_err(o_p[:, a:b], ref[0]) < 2e-4
+
+
+def test_prefill_takes_an_unhashable_callable_map():
+    """A user's map is recognised by identity, never hashed: an unhashable callable runs in torch, as before."""
+    import dataclasses
+
+    @dataclasses.dataclass(eq=True)  # eq without frozen: instances are unhashable
+    class Shifted:
+        shift: float = 1.0
+
+        def __call__(self, x):
+            return torch.relu(x) + self.shift
+
+    q, k, v, kw = make("accumulate", None, Hq=2, T=23, Dk=8, Dv=5)
+    with pytest.raises(TypeError):
+        hash(Shifted())
+    o, _ = linattn.linear_attention(q, k, v, backend="cpu", feature_map=Shifted(), **kw)
+    o_ref, _ = linattn.linear_attention(q, k, v, backend="cpu", feature_map="relu1", **kw)
+    assert torch.allclose(o, o_ref, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------ bfloat16 read in the kernel

@@ -107,8 +107,8 @@ def check_qkv(q, k, v, token_dims: int) -> None:
 def _all_nonpositive(g: torch.Tensor) -> bool:
     """Whether every entry of g is <= 0 (False where one is NaN). A float32 or float64 CPU tensor is read through
     NumPy, on one thread: a torch reduction of a long sequence's gates wakes torch's OpenMP threads, which then spin
-    on the cores that the compiled kernel's threads start on next (at 2 threads a gated-delta prefill gained 1.37x
-    from the second thread with the torch check and 1.83x without it, medians of six alternating rounds)."""
+    on the cores that the compiled kernel's threads start on next (a gated-delta prefill at T = 8192, H = 8 took
+    0.76x-0.80x of its time at 2 threads; benchmarks/results/gate_check_ab_cpu.txt)."""
     if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided:
         try:
             return bool(g.detach().numpy().max() <= 0)  # NaN is the max of an array that holds one: False

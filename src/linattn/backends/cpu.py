@@ -94,8 +94,9 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     return a if shape is None else a.reshape(shape)
 
 
-# The feature maps the compiled prefill applies itself, by the name it knows them by.
-KERNEL_MAPS = {feature_maps.relu1: "relu1", feature_maps.elu1: "elu1", feature_maps.l2: "l2"}
+# The feature maps the compiled prefill applies itself, by the name it knows them by (matched by identity: a
+# user's callable need not be hashable).
+KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feature_maps.l2, "l2"))
 
 
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
@@ -113,7 +114,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
           else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
     # A built-in map the kernel applies to each row as it loads it: no mapped copies of q and k (each a full pass
     # in torch, and a fresh tensor whose pages fault on first write).
-    in_kernel = None if grad or fmap is None else KERNEL_MAPS.get(fmap)
+    in_kernel = None if grad or fmap is None else next((n for f, n in KERNEL_MAPS if f is fmap), None)
     # bfloat16 q, k, v that the kernel reads as they are (no map left to apply in torch): no float32 copies
     raw = not grad and (fmap is None or in_kernel) and q.dtype == k.dtype == v.dtype == torch.bfloat16
     qf, kf = (q, k) if raw else (q.to(torch.float32), k.to(torch.float32))

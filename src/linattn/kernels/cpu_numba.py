@@ -201,7 +201,8 @@ def _f32_overload(x):
 
 
 # Feature maps computed inside the kernels, by code (the same definitions as linattn.feature_maps); any other map
-# runs in torch first.
+# runs in torch first. cpu_decode's cached kernels inline exp32 and features from here, and numba's disk cache
+# checks only the cached function's own file: after editing them, delete cpu_decode's cache (__pycache__/*.nbi).
 FEATURE_CODES = {None: 0, "identity": 0, "relu1": 1, "elu1": 2, "l2": 3}
 L2_EPS = np.float32(1e-6)  # inside the root, as linattn.feature_maps.l2
 _LOG2E = 1.4426950408889634
