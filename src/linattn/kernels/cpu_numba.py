@@ -176,13 +176,15 @@ def _prefetch(typingctx, address):
 
 
 @intrinsic
-def _bits_as_f32(typingctx, bits):
-    """The float32 whose IEEE bits are the int32 ``bits`` (a bitcast)."""
+def _bits_as_float(typingctx, bits):
+    """The float whose IEEE bits are the integer ``bits`` (a bitcast): float32 from an int32, float64 from an int64
+    (2**n from its exponent field, in :func:`exp32`)."""
+    wide = isinstance(bits, nbtypes.Integer) and bits.bitwidth == 64
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
+        return builder.bitcast(args[0], ir.DoubleType() if wide else ir.FloatType())
 
-    return nbtypes.float32(nbtypes.int32), codegen
+    return (nbtypes.float64(nbtypes.int64) if wide else nbtypes.float32(nbtypes.int32)), codegen
 
 
 def _f32(x):
@@ -196,7 +198,7 @@ def _f32_overload(x):
     if isinstance(x, nbtypes.Float):
         return lambda x: x
     if isinstance(x, nbtypes.Integer) and x.bitwidth == 16:  # bfloat16 is the top half of a float32
-        return lambda x: _bits_as_f32(np.int32(np.int64(np.uint16(x)) << 16))
+        return lambda x: _bits_as_float(np.int32(np.int64(np.uint16(x)) << 16))
     return None
 
 
@@ -207,16 +209,6 @@ FEATURE_CODES = {None: 0, "identity": 0, "relu1": 1, "elu1": 2, "l2": 3}
 L2_EPS = np.float32(1e-6)  # inside the root, as linattn.feature_maps.l2
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
-
-
-@intrinsic
-def _bits_as_f64(typingctx, bits):
-    """The float64 whose IEEE bits are the int64 ``bits`` (a bitcast: 2**n from its exponent field)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return nbtypes.float64(nbtypes.int64), codegen
 
 
 def exp32(x):
@@ -234,7 +226,7 @@ def exp32(x):
     y = (t - np.float64(n)) * _LN2
     p = 1.0 + y * (1.0 + y * (1 / 2 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y * (
         1 / 5040 + y * (1 / 40320 + y * (1 / 362880 + y * (1 / 3628800))))))))))
-    e = np.float32(p * _bits_as_f64((n + 1023) << 52))
+    e = np.float32(p * _bits_as_float(np.int64((n + 1023) << 52)))
     return e if x == x else x
 
 
