@@ -21,7 +21,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from linattn.explainer import build_page  # noqa: E402
+from linattn.tools.explainer import build_page  # noqa: E402
 
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 # The README's pictures: (file name, language, size, scene, step within the scene).

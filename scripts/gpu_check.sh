@@ -62,7 +62,7 @@ step tests 120 python3 -m pytest -q -m "$marker" tests/test_kernels_triton.py te
     --junitxml="$OUT/tests.xml"
 
 # 3. linattn bench on CUDA, every rule, validated against the schema.
-step bench 80 python3 -m linattn.cli bench --device cuda --rules accumulate,gated,delta,gated_delta \
+step bench 80 python3 -m linattn.tools.cli bench --device cuda --rules accumulate,gated,delta,gated_delta \
     --output "$OUT/bench_cuda.json" --plot "$OUT/bench_cuda.png"
 step bench-schema 10 python3 - "$OUT/bench_cuda.json" <<'PY'
 import json, sys
@@ -77,7 +77,7 @@ PY
 step decode 50 python3 scripts/gpu_check.py decode --out "$OUT"
 
 # 5. Chunk kernels against fla's and SDPA (the result is validated against perf_cuda.schema.json when written).
-step perf 190 python3 -m linattn.cli perf --device cuda --budget-s 170 \
+step perf 190 python3 -m linattn.tools.cli perf --device cuda --budget-s 170 \
     --output "$OUT/perf_cuda.json" --markdown "$OUT/perf_cuda.md"
 
 echo "== done in $(( $(date +%s) - START ))s; results under $OUT"

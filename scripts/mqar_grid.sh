@@ -43,7 +43,7 @@ for stage in "$@"; do
     train)
       for S in $SEEDS; do for M in $MIXERS; do
         echo "== train seed $S $M $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"
-        python -m linattn.cli mqar "${COMMON[@]}" --mixers "$M" --seed "$S" --checkpoint-dir "$CK/steps4000_seed$S" \
+        python -m linattn.tools.cli mqar "${COMMON[@]}" --mixers "$M" --seed "$S" --checkpoint-dir "$CK/steps4000_seed$S" \
           --resume --no-latency --no-controls
       done; done ;;
     eval)
@@ -51,15 +51,15 @@ for stage in "$@"; do
         DONE=$(finished "$S")
         if [ -z "$DONE" ]; then echo "== seed $S: no finished model, skipped"; continue; fi
         echo "== eval seed $S: $DONE"
-        python -m linattn.cli mqar "${COMMON[@]}" --mixers "$DONE" --seed "$S" --checkpoint-dir "$CK/steps4000_seed$S" \
+        python -m linattn.tools.cli mqar "${COMMON[@]}" --mixers "$DONE" --seed "$S" --checkpoint-dir "$CK/steps4000_seed$S" \
           --resume --no-latency $OW --output "$R/${NAME}_seed$S.json" --plot "$R/${NAME}_seed$S.png"
       done ;;
     summary)
       ARGS=()
       for S in $SEEDS; do [ -f "$R/${NAME}_seed$S.json" ] && ARGS+=(--summarize "$R/${NAME}_seed$S.json"); done
-      python -m linattn.cli mqar "${ARGS[@]}" $OW --output "$R/${NAME}_seeds.json" --plot "$R/${NAME}_seeds.png" ;;
+      python -m linattn.tools.cli mqar "${ARGS[@]}" $OW --output "$R/${NAME}_seeds.json" --plot "$R/${NAME}_seeds.png" ;;
     latency)
-      python -m linattn.cli mqar --latency-from "$R/${NAME}_seed0.json" --checkpoint-dir "$CK/steps4000_seed0" \
+      python -m linattn.tools.cli mqar --latency-from "$R/${NAME}_seed0.json" --checkpoint-dir "$CK/steps4000_seed0" \
         --threads 1 --no-progress $OW --output "$R/${NAME}_seed0_latency.json" --plot "$R/${NAME}_seed0_latency.png" ;;
     *) echo "unknown stage $stage (train, eval, summary, latency)"; exit 2 ;;
   esac

@@ -143,3 +143,59 @@ def test_the_circle_scan_sees_an_import_inside_a_function():
     tree = ast.parse("def f():\n    from linattn.packing import run_packed\n")
     edges, _, _ = _imports("linattn.api", tree)
     assert _cycles({"linattn.api": edges, "linattn.packing": {"linattn.api"}}) == [["linattn.api", "linattn.packing"]]
+
+
+def _is_tool(module: str) -> bool:
+    return module == "linattn.tools" or module.startswith("linattn.tools.")
+
+
+def test_the_core_never_imports_the_tools():
+    graph, _ = _scan()
+    bad = sorted(f"{m} -> {t}" for m, targets in graph.items() if not _is_tool(m) for t in targets if _is_tool(t))
+    assert not bad, "core modules importing the tools side:\n" + "\n".join(bad)
+
+
+def test_the_core_scan_sees_a_tool_import():
+    tree = ast.parse("def f():\n    from linattn.tools import memory\n")
+    edges, _, _ = _imports("linattn.api", tree)
+    assert any(_is_tool(e) for e in edges)
+
+
+# The tools' third-party packages, refused by an import hook in a fresh interpreter: the core must not need them.
+_TOOL_PACKAGES = ("click", "tqdm", "matplotlib", "jsonschema", "safetensors")
+_BLOCKED_CORE = f"""
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {_TOOL_PACKAGES!r}:
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Refuse())
+import torch, linattn, linattn.nn, linattn.distributed, linattn.reference, linattn.integrations.transformers
+q = k = v = torch.ones(1, 5, 2, 3)
+o, state = linattn.linear_attention(q, k, v, rule="gated", g=torch.full((1, 5, 2), -0.5), output_final_state=True)
+o_t, _ = linattn.step(q[:, 0], k[:, 0], v[:, 0], state, rule="gated", g=torch.zeros(1, 2))
+layer = linattn.nn.LinearAttention(8, num_heads=2, head_dim=4)
+layer(torch.randn(1, 4, 8))
+print("core ok", sorted(m for m in sys.modules if m.split(".")[0] in {_TOOL_PACKAGES!r}))
+"""
+
+
+def test_the_core_runs_without_the_tools_packages():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _BLOCKED_CORE], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(SRC.parent)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "core ok []"
+
+
+def test_the_command_without_the_tools_extra_says_what_to_install():
+    import subprocess
+    import sys
+
+    code = _BLOCKED_CORE.split("import torch")[0] + "import linattn.tools.cli\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(SRC.parent)})
+    assert run.returncode == 1
+    assert "pip install 'linattn[tools]'" in run.stderr

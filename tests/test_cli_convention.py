@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from linattn.cli import COMMANDS, LazyGroup, main
+from linattn.tools.cli import COMMANDS, LazyGroup, main
 
 # The shared options: where a tool has one, it is spelt exactly so.
 SPELLING = {"output": ["-o", "--output"], "plot": ["--plot"], "plot_path": ["--plot"], "overwrite": ["--overwrite"],

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from linattn import memory, reference
-from linattn.cli import main
-from linattn.explainer import build_page, lab_source, scenes
-from linattn.explainer import lab_standalone as lab_np
-from linattn.explainer.measured import load_measured, mqar_table, summarize
+from linattn import reference
 from linattn.tools import lab as torch_lab
+from linattn.tools import memory
+from linattn.tools.cli import main
+from linattn.tools.explainer import build_page, lab_source, scenes
+from linattn.tools.explainer import lab_standalone as lab_np
+from linattn.tools.explainer.measured import load_measured, mqar_table, summarize
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

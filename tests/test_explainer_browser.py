@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from linattn import memory, reference
-from linattn.explainer import build_page, lab_source
+from linattn import reference
+from linattn.tools import memory
+from linattn.tools.explainer import build_page, lab_source
 
 EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes",
                    "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "devices", "code",
@@ -354,7 +355,7 @@ def test_engine_refuses_bad_specs(page, page_url):
 
 
 def test_exercise_boxes_check_answers(page, page_url):
-    from linattn.explainer.scenes import exercises
+    from linattn.tools.explainer.scenes import exercises
 
     want = exercises()
     for lang in ("en", "zh"):
@@ -424,7 +425,7 @@ def test_memory_fields_recompute_with_linattn_memory_formulas(page, page_url):
     assert "bad" in page.get_attribute("#mem-B", "class") and page.inner_text("#mem-state") == f"{want:,} bytes"
     page.fill("#mem-B", "")
     assert "bad" in page.get_attribute("#mem-B", "class")
-    # Past 2**53 the page stays exact (BigInt), like linattn.memory's integers.
+    # Past 2**53 the page stays exact (BigInt), like linattn.tools.memory's integers.
     for key, val in (("B", "100000"), ("L", "100"), ("H", "128"), ("r", "4097"), ("dv", "4099")):
         page.fill(f"#mem-{key}", val)
     big = memory.state_bytes(100000, 100, 128, 4097, 4099, "bfloat16")
@@ -459,7 +460,7 @@ def test_lab_download_link_is_the_lab(page, page_url):
 
 
 def test_turning_the_softmax_query_changes_every_weight(page, page_url):
-    from linattn.explainer.scenes import softmax_scene
+    from linattn.tools.explainer.scenes import softmax_scene
 
     page.goto(page_url)
     _go_scene(page, "softmax", 1)
@@ -485,7 +486,7 @@ def test_language_buttons_switch_and_keep_the_step(page, page_url):
 
 
 def test_eps_scene_recomputes_for_another_eps(page, page_url):
-    from linattn.explainer.scenes import eps_scene
+    from linattn.tools.explainer.scenes import eps_scene
 
     page.goto(page_url)
     _go_scene(page, "eps", 1)
@@ -503,7 +504,7 @@ def test_eps_scene_recomputes_for_another_eps(page, page_url):
 def test_mqar_table_shows_the_sweep_or_says_nothing_is_finished(browser, tmp_path, monkeypatch):
     """The quality scene's MQAR table: one row per mixer with "mean%" over "lowest-highest" per finished group and
     the hybrid's state with its KV cache; with no group finished for every mixer, a line that says so instead."""
-    from linattn.explainer import measured
+    from linattn.tools.explainer import measured
 
     real = measured.load_measured()
     for data, expect in ((real, None), ({**real, "mqar_groups": [], "mqar": []}, "No setting has finished")):

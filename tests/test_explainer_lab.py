@@ -11,7 +11,7 @@ import venv
 
 import pytest
 
-from linattn.explainer import lab_source
+from linattn.tools.explainer import lab_source
 
 LINE = re.compile(r"^(?P<name>.+): (?P<verdict>PASS|FAIL)  max_err=(?P<err>\S+) tol=(?P<tol>\S+)$")
 REQUIRED = ("recurrent vs dense kernel", "recurrent vs chunkwise", "gated scan coefficients",

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 import linattn.ops.accumulate
 import linattn.ops.delta
 import linattn.ops.gated
-from linattn.cli import main
 from linattn.tools import lab
+from linattn.tools.cli import main
 
 REQUIRED = (
     "recurrent vs dense kernel",

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from linattn import memory as mem
-from linattn.cli import main as cli_main
+from linattn.tools import memory as mem
+from linattn.tools.cli import main as cli_main
 
 # ---------------------------------------------------------------------------------------------- formulas
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from linattn.cli import main
+from linattn.tools.cli import main
 from linattn.tools.harness.results import ResultValidationError, load_schema, read_result, validate
 from linattn.tools.mqar import sweep, sweep_runner
 from linattn.tools.mqar.sweep import Job, SweepConfig

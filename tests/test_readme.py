@@ -44,7 +44,7 @@ def test_links_lead_to_files():
 
 def test_quick_start_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install -c constraints.txt . && linattn bench" in TEXT
+    assert 'pip install -c constraints.txt ".[tools]" && linattn bench' in TEXT
     assert 'pip install -c constraints.txt ".[test,peers]" && python -m pytest' in TEXT
     assert 'pip install -q -c constraints.txt ".[test,peers,docs]"' in ci and "\npython3 -m pytest\n" in ci
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from linattn import jsonfile
-from linattn.cli import main as cli_main
-from linattn.tools import explain, recall, stability
-from linattn.tools import memory as memory_tool
+from linattn.tools import recall, stability
 from linattn.tools.bench import cli as bench
+from linattn.tools.cli import main as cli_main
+from linattn.tools.explainer import cli as explain
 from linattn.tools.harness import cli as cli_files
-from linattn.tools.harness import results
+from linattn.tools.harness import jsonfile, results
+from linattn.tools.memory import cli as memory_tool
 from linattn.tools.perf import cpu as perf
 from linattn.tools.perf import work
 from linattn.tools.sp import bench as sp_bench
@@ -179,7 +179,8 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
 def test_sigterm_mid_run_leaves_nothing(tmp_path):
     """A real tool run killed while it measures: no result, no temporary file."""
     out, png = tmp_path / "s.json", tmp_path / "s.png"
-    cmd = [sys.executable, "-m", "linattn.cli", "recall", "--trials", "64", "--output", str(out), "--plot", str(png)]
+    cmd = [sys.executable, "-m", "linattn.tools.cli", "recall", "--trials", "64", "--output", str(out),
+           "--plot", str(png)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     seen = b""
@@ -246,7 +247,7 @@ def test_bench_show_and_memory_config_refuse_bad_inputs_with_a_message(argv, tmp
 
 # ------------------------------------------------------------------------------------------ memory planner
 def test_memory_planner_is_constant_time_or_names_the_absurd_size():
-    from linattn import memory as mem
+    from linattn.tools import memory as mem
 
     start = time.perf_counter()
     with pytest.raises(ValueError, match="layers must be at most 100,000"):

@@ -7,7 +7,7 @@ Public API (everything a user needs is here):
     dec = linattn.Decoder(state, rule="accumulate", ...); o = dec(q_t, k_t, v_t)          # a decode loop
 
 Kernels live in ``linattn.ops.<rule>`` and load on first use; the float64 ground truth is ``linattn.reference``;
-tools (bench, memory, stability, recall, lab) are in ``linattn.tools``.
+the tools (bench, memory, stability, recall, lab, the explainer; the `linattn[tools]` extra) are in ``linattn.tools``.
 """
 
 from linattn.api import RULES, linear_attention, step, supported_forms

@@ -1,7 +1,7 @@
 """What a ``linattn bench`` run is, what it keeps in memory, and whether this machine can run it.
 
 :class:`Plan` holds every parameter of a run (recorded as ``workload`` in the result file). The byte counts come
-from :mod:`linattn.memory`, the project's one home for the state and KV-cache formulas; :func:`preflight` is the
+from :mod:`linattn.tools.memory`, the project's one home for the state and KV-cache formulas; :func:`preflight` is the
 dry run's check of device, dtypes and free memory; :func:`hardware_info` is the result file's ``hardware``.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn import memory
+from linattn.tools import memory
 from linattn.tools.harness.machine import device_name, processor_name
 
 BASELINE = "explicit_kv_history"
@@ -161,7 +161,7 @@ def resolve_dtype(requested: str, device: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- bytes (one layer)
-# Thin names for one attention layer, in the bench's argument order; the formulas live in linattn.memory.
+# Thin names for one attention layer, in the bench's argument order; the formulas live in linattn.tools.memory.
 def kv_history_bytes(batch: int, heads: int, length: int, head_dim: int, dtype: str) -> int:
     """K and V for ``length`` tokens: 2 * B * H * L * D * bytes per element."""
     return memory.kv_cache_bytes(batch, 1, heads, head_dim, length, dtype)

@@ -1,8 +1,8 @@
 """Result files shared by the tools: schema validation, label checks, atomic writes that never clobber.
 
 Every tool that leaves evidence on disk goes through :func:`write_result` and :func:`read_result`, so a file is
-validated against its JSON Schema (``linattn/schemas/<name>.schema.json``) both when written and when read, an
-existing file is never replaced unless the caller says so, and an interrupted write leaves no half file behind.
+validated against its JSON Schema (``schemas/<name>.schema.json`` beside this module) both when written and when
+read, an existing file is never replaced unless the caller says so, and an interrupted write leaves no half file behind.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import jsonschema
 
-from linattn.jsonfile import read_json
+from linattn.tools.harness.jsonfile import read_json
 
 # Labels and ids end up in file names: letters, digits, '.', '_' and '-' only, starting with a letter or digit,
 # so no path separator, no hidden file, no '..' and nothing a shell needs quoting for.
@@ -52,8 +52,9 @@ def check_label(value: object, name: str = "run_label") -> str:
 
 @functools.cache
 def load_schema(name: str) -> dict[str, Any]:
-    """The packaged JSON Schema ``linattn/schemas/<name>.schema.json`` (checked to be a valid draft 2020-12)."""
-    text = resources.files("linattn").joinpath("schemas", f"{name}.schema.json").read_text(encoding="utf-8")
+    """The packaged JSON Schema ``schemas/<name>.schema.json`` beside this module (checked: a valid draft 2020-12)."""
+    path = resources.files("linattn.tools.harness").joinpath("schemas", f"{name}.schema.json")
+    text = path.read_text(encoding="utf-8")
     schema = json.loads(text)
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema
@@ -217,8 +218,8 @@ def write_result(doc: dict[str, Any], path: str | os.PathLike, schema_name: str,
 
 def read_result(path: str | os.PathLike, schema_name: str) -> dict[str, Any]:
     """Load a result file and validate it; errors name the file and every missing field. Only a regular file
-    under :data:`linattn.jsonfile.MAX_BYTES`, nested at most 64 deep, with finite numbers (see
-    :func:`linattn.jsonfile.read_json`)."""
+    under :data:`linattn.tools.harness.jsonfile.MAX_BYTES`, nested at most 64 deep, with finite numbers (see
+    :func:`linattn.tools.harness.jsonfile.read_json`)."""
     doc = read_json(path, what="result file")
     validate(doc, load_schema(schema_name), source=str(path))
     return doc

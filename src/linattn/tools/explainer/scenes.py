@@ -1,7 +1,7 @@
 """The numbers behind every scripted scene of the explainer, computed once in float64 at build time.
 
 Every value the page shows in a scripted scene comes from here: :mod:`linattn.reference` (the float64 loops) and
-:mod:`linattn.memory` (the byte formulas). The page's own JavaScript engine only powers what the learner edits
+:mod:`linattn.tools.memory` (the byte formulas). The page's own JavaScript engine only powers what the learner edits
 (the playground, the exercises, the sliders); the browser tests check it against the same reference.
 """
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from linattn import memory, reference
+from linattn import reference
+from linattn.tools import memory
 
 # docs/mechanism.md §1: phi(k) = [1,0], [0,1], [1,1]; v = 2, 4, 3; phi(q) = [2, 1] reads 17/6.
 KERNEL_KEYS = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
@@ -140,7 +141,7 @@ def eps_scene(eps: float = 1e-6) -> dict[str, Any]:
 
 
 def memory_scene() -> dict[str, Any]:
-    """The worked bytes of docs/mechanism.md §4 through linattn.memory (the page recomputes them when edited)."""
+    """The worked bytes of docs/mechanism.md §4 through linattn.tools.memory (the page recomputes them when edited)."""
     B, L, H, r, dv, d = 1, 32, 16, 128, 128, 128
     total = memory.state_bytes(B, L, H, r, dv, "float32")
     per_head_state = memory.state_bytes(1, 1, 1, r, dv, "float32")
@@ -302,14 +303,14 @@ def exercises() -> list[dict[str, Any]]:
 
 def lab_scene() -> dict[str, Any]:
     """The lab's first four check names (its PASS lines) and its chunk sizes, from the lab itself."""
-    from linattn.explainer import lab_standalone
+    from linattn.tools.explainer import lab_standalone
 
     return {"checks": [name for name, _ in lab_standalone.CHECKS[:4]], "chunk_sizes": list(lab_standalone.CHUNK_SIZES)}
 
 
 def build_data() -> dict[str, Any]:
     """Everything the page's scripted scenes show, as plain JSON-able values."""
-    from linattn.explainer.measured import load_measured
+    from linattn.tools.explainer.measured import load_measured
 
     return {
         "softmax": softmax_scene(),

@@ -1,8 +1,8 @@
 """``linattn explain``: one self-contained HTML page that steps a learner through linear attention.
 
 :func:`build_page` fills ``static/template.html`` with the page's CSS, its JavaScript (the engine, the scenes and
-the slide player) and a JSON block holding every scripted scene's numbers (:func:`linattn.explainer.scenes.build_data`,
-float64 from :mod:`linattn.reference` and :mod:`linattn.memory`) plus the standalone NumPy lab (``lab.py``) as a
+the slide player) and a JSON block holding every scripted scene's numbers (:func:`scenes.build_data`, float64
+from :mod:`linattn.reference` and :mod:`linattn.tools.memory`) plus the standalone NumPy lab (``lab.py``) as a
 download. Nothing is fetched at view time: no CDN, no web font, no network request.
 """
 
@@ -17,19 +17,19 @@ JS_FILES = ("engine.js", "explainer.js", "scenes.js", "player.js")  # one script
 
 
 def _static(name: str) -> str:
-    return resources.files("linattn.explainer").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files("linattn.tools.explainer").joinpath("static", name).read_text(encoding="utf-8")
 
 
 def lab_source() -> str:
     """The downloadable ``lab.py``: NumPy only, the same checks by name as ``linattn lab``."""
-    return resources.files("linattn.explainer").joinpath("lab_standalone.py").read_text(encoding="utf-8")
+    return resources.files("linattn.tools.explainer").joinpath("lab_standalone.py").read_text(encoding="utf-8")
 
 
 def build_page(lang: str = "en") -> str:
     """The whole page as one HTML string; ``lang`` ("en" or "zh") is the language it opens in (``?lang=`` wins)."""
     if lang not in LANGS:
         raise ValueError(f"lang: unknown language {lang!r}; expected one of {list(LANGS)}")
-    from linattn.explainer.scenes import build_data
+    from linattn.tools.explainer.scenes import build_data
 
     data = build_data()
     data["lang"] = lang

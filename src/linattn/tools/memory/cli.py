@@ -1,6 +1,6 @@
 """``linattn memory``: state vs KV-cache bytes, crossover lengths and hybrid models, as a table, JSON and a plot.
 
-The arithmetic lives in :mod:`linattn.memory`; this module only reads options, prints and writes files.
+The arithmetic lives in :mod:`linattn.tools.memory`; this module only reads options, prints and writes files.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from typing import Any
 import click
 
 from linattn import __version__
-from linattn.memory import (
+from linattn.tools.harness import cli as cli_files
+from linattn.tools.harness.plotting import pyplot, save_figure
+from linattn.tools.harness.results import atomic_write_json
+from linattn.tools.memory import (
     DTYPE_BYTES,
     LayerPlan,
     curve,
@@ -23,9 +26,6 @@ from linattn.memory import (
     memory_report,
     plan_from_shapes,
 )
-from linattn.tools.harness import cli as cli_files
-from linattn.tools.harness.plotting import pyplot, save_figure
-from linattn.tools.harness.results import atomic_write_json
 
 DEFAULT_SEQ_LENS = (1024, 4096, 16384, 65536, 262144, 1048576)
 RESULT_CAVEATS = [

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from linattn.explainer import LANGS, build_page, lab_source
+from linattn.tools.explainer import LANGS, build_page, lab_source
 from linattn.tools.harness import cli as hcli
 from linattn.tools.harness.results import atomic_write
 
@@ -31,7 +31,7 @@ def _text_writer(text: str):
 def command(output: Path, lang: str, lab_path: Path | None, overwrite: bool, open_browser: bool) -> None:
     """Write an interactive page that steps through linear attention with real numbers, offline.
 
-    Every scripted number is computed now in float64 by linattn.reference and linattn.memory; the page needs no
+    Every scripted number is computed now in float64 by linattn.reference and linattn.tools.memory; the page needs no
     network. Navigate with the arrow keys, the timeline, or #step=N in the address.
     """
     hcli.check_outputs(overwrite, {"--output": output, "--lab": lab_path})

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import importlib
 
-import click
+try:
+    import click
+except ImportError:  # the core installs without the tools' dependencies
+    raise SystemExit("The linattn command needs the tools extra: pip install 'linattn[tools]'") from None
 
 # name -> (module, attribute of the click command, one-line help shown by `linattn --help`)
 COMMANDS = {
     "bench": ("linattn.tools.bench.cli", "command", "Decode step: explicit KV history vs fixed recurrent state."),
-    "explain": ("linattn.tools.explain", "command", "Interactive offline page: linear attention step by step."),
+    "explain": ("linattn.tools.explainer.cli", "command", "Interactive offline page: linear attention step by step."),
     "lab": ("linattn.tools.lab", "command", "PASS/FAIL checks that prove the mechanism on random inputs."),
-    "memory": ("linattn.tools.memory", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
+    "memory": ("linattn.tools.memory.cli", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
     "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
     "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
     "sp-bench": ("linattn.tools.sp.bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),

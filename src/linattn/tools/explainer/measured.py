@@ -4,7 +4,7 @@ The summary ships as package data (``measured.json``) so that an installed packa
 repository's ``benchmarks/results``; ``tests/test_explainer.py`` rebuilds it from those files and checks that the
 two agree, so the page cannot quote numbers the result files do not hold. Regenerate after rerunning the tools::
 
-    python -m linattn.explainer.measured benchmarks/results
+    python -m linattn.tools.explainer.measured benchmarks/results
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def mqar_table(doc: dict[str, Any]) -> tuple[list[dict[str, int]], list[dict[str
 
 
 def load_measured() -> dict[str, Any]:
-    """The shipped summary (``linattn/explainer/measured.json``)."""
-    return json.loads(resources.files("linattn.explainer").joinpath("measured.json").read_text(encoding="utf-8"))
+    """The shipped summary (``linattn/tools/explainer/measured.json``)."""
+    return json.loads(resources.files("linattn.tools.explainer").joinpath("measured.json").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":
