@@ -12,7 +12,7 @@ import torch
 
 import linattn
 from linattn import api, decode, distributed, ops, packing, reference, runner
-from linattn.nn import layers
+from linattn.nn import linear_attention
 from linattn.ops import common
 from linattn.tools import stability
 
@@ -20,7 +20,7 @@ SRC = Path(linattn.__file__).resolve().parent
 
 
 def test_rule_names_are_defined_once():
-    for module in (api, distributed, layers, stability):
+    for module in (api, distributed, linear_attention, stability):
         for name in ("RULES", "GATED_RULES", "DELTA_RULES"):
             if hasattr(module, name):
                 assert getattr(module, name) is getattr(ops, name), (module.__name__, name)

@@ -7,13 +7,17 @@ Skipped where the peers are not installed (``pip install -c constraints.txt ".[p
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import pytest
 
 from linattn.tools.perf import peers as pp
 
-pytest.importorskip("fla", reason="flash-linear-attention (linattn[peers]) not installed")
-pytest.importorskip("transformers", reason="transformers (linattn[peers]) not installed")
+# Found, not imported: importing fla and transformers at collection costs every run of the suite seconds.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("fla") is None or importlib.util.find_spec("transformers") is None,
+    reason="flash-linear-attention or transformers (linattn[peers]) not installed",
+)
 
 # T = 64: a multiple of every peer's fixed chunk (64 for fla's linear attention, 32 for its delta rule).
 SHAPE = {"B": 1, "T": 64, "H": 2, "D": 16}

@@ -5,15 +5,10 @@
     y_next, cache = layer(x_next, cache)   # decode one token (or prefill more)
 """
 
-from linattn.nn.layers import (
-    KVCache,
-    LinearAttention,
-    LinearAttentionCache,
-    RMSNorm,
-    SoftmaxAttention,
-    causal_conv,
-)
+from linattn.nn.conv import causal_conv
+from linattn.nn.linear_attention import LinearAttention, LinearAttentionCache, RMSNorm
 from linattn.nn.lm import MIXERS, CausalLM, hybrid_pattern
+from linattn.nn.softmax_attention import KVCache, SoftmaxAttention
 
 
 def GatedDeltaNet(hidden_size: int, num_heads: int, head_dim: int, **kwargs) -> LinearAttention:  # noqa: N802

@@ -15,7 +15,9 @@ from torch import nn
 import linattn
 from linattn import checks
 from linattn.nn.checks import check_int, check_optional_int, check_packing
-from linattn.nn.layers import KVCache, LinearAttention, RMSNorm, SoftmaxAttention, sequence_offsets
+from linattn.nn.conv import sequence_offsets
+from linattn.nn.linear_attention import LinearAttention, RMSNorm
+from linattn.nn.softmax_attention import KVCache, SoftmaxAttention
 
 MIXERS = ("attention", *linattn.RULES)
 
