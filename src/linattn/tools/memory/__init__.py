@@ -26,7 +26,8 @@ from linattn.tools.memory.formulas import (
 from linattn.tools.memory.report import curve, memory_report
 
 __all__ = [
-    "DTYPE_BYTES", "MAX_LAYERS", "MAX_SEQ_LEN", "MAX_SIZE", "AttentionCache", "LayerPlan", "LinearMixer", "canonical_dtype", "conv_state_bytes",
-    "crossover_length", "curve", "dtype_bytes", "format_bytes", "kv_cache_bytes", "list_presets", "load_config",
-    "load_preset", "memory_report", "plan_from_config", "plan_from_shapes", "state_bytes",
-]  # fmt: skip
+    "DTYPE_BYTES", "MAX_LAYERS", "MAX_SEQ_LEN", "MAX_SIZE", "AttentionCache", "LayerPlan", "LinearMixer",
+    "canonical_dtype", "conv_state_bytes", "crossover_length", "curve", "dtype_bytes", "format_bytes",
+    "kv_cache_bytes", "list_presets", "load_config", "load_preset", "memory_report", "plan_from_config",
+    "plan_from_shapes", "state_bytes",
+]
