@@ -52,7 +52,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_selfchecks.py", "tests/test_bench.py")),
     Mutant("stability_check_vs_itself", "tool self-checks",
            "linattn stability compares the NumPy reference with itself",
-           "src/linattn/tools/stability.py",
+           "src/linattn/tools/stability/measure.py",
            "return float(np.abs(o.numpy() - ref).max())", "return float(np.abs(ref - ref).max())",
            ("tests/test_selfchecks.py", "tests/test_stability.py")),
     Mutant("perf_mismatch_path", "tool self-checks",

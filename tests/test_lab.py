@@ -15,6 +15,7 @@ import linattn.ops.delta
 import linattn.ops.gated
 from linattn.tools import lab
 from linattn.tools.cli import main
+from linattn.tools.lab import checks as lab_checks
 
 REQUIRED = (
     "recurrent vs dense kernel",
@@ -74,8 +75,8 @@ def test_negative_seed_is_a_usage_error():
 def test_same_seed_same_numbers_and_seeds_differ():
     a, b, c = (lab.check_recurrent_vs_chunk(s) for s in (5, 5, 6))
     assert a.max_error == b.max_error and a.detail == b.detail
-    assert lab._generator(5, "x").initial_seed() != lab._generator(6, "x").initial_seed()
-    assert lab._generator(5, "x").initial_seed() != lab._generator(5, "y").initial_seed()
+    assert lab_checks._generator(5, "x").initial_seed() != lab_checks._generator(6, "x").initial_seed()
+    assert lab_checks._generator(5, "x").initial_seed() != lab_checks._generator(5, "y").initial_seed()
     assert c.passed
 
 

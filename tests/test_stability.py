@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import linattn
 from linattn import State
 from linattn.tools import stability as st
+from linattn.tools.stability import measure
 
 
 @pytest.mark.parametrize("rule", linattn.RULES)
@@ -23,8 +24,8 @@ def test_float64_ground_truth_equals_numpy_reference(rule):
 @pytest.mark.parametrize("rule", linattn.RULES)
 def test_float64_ground_truth_does_not_depend_on_form(rule):
     x = st.make_inputs(rule, 300, 1.0, dim=8, dtypes=[])
-    chunk, _ = st._attend(x, torch.float64, rule=rule, form="chunk", chunk_size=st.REFERENCE_CHUNK)
-    rec, _ = st._attend(x, torch.float64, rule=rule, form="recurrent", chunk_size=1)
+    chunk, _ = measure._attend(x, torch.float64, rule=rule, form="chunk", chunk_size=st.REFERENCE_CHUNK)
+    rec, _ = measure._attend(x, torch.float64, rule=rule, form="recurrent", chunk_size=1)
     assert (chunk - rec).abs().max().item() < 1e-12
 
 
@@ -147,11 +148,11 @@ def test_rescale_state_rejects_bad_input():
 def test_run_segmented_float64_unchanged_and_float16_kept_in_range():
     x = st.make_inputs("accumulate", 1024, 10.0, dim=32, dtypes=["float16"])
     q, k, v = x["q"], x["k"], x["v"]
-    ref, _ = st._attend(x, torch.float64, rule="accumulate", form="chunk", chunk_size=64)
+    ref, _ = measure._attend(x, torch.float64, rule="accumulate", form="chunk", chunk_size=64)
     out64, info64 = st.run_segmented(q, k, v, dtype=torch.float64, segment=32, limit=2.0**4)
     assert info64["n_rescales"] >= 1 and info64["key_factor"] <= 2.0**-10  # the state was shrunk a lot ...
     assert st.token_rel_change(out64, ref).max().item() < 1e-12  # ... and no output moved
-    plain, _ = st._attend(x, torch.float16, rule="accumulate", form="chunk", chunk_size=64)
+    plain, _ = measure._attend(x, torch.float16, rule="accumulate", form="chunk", chunk_size=64)
     plain_stats = st.error_stats(plain, ref)
     assert plain_stats["nan_count"] + plain_stats["inf_count"] > 1000  # den overflowed
     res, info = st.run_segmented(q, k, v, dtype=torch.float16, segment=128, limit=2.0**10)

@@ -26,6 +26,7 @@ from linattn.tools.memory import cli as memory_tool
 from linattn.tools.perf import cpu as perf
 from linattn.tools.perf import work
 from linattn.tools.sp import bench as sp_bench
+from linattn.tools.stability import plots as stability_plot
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -362,7 +363,7 @@ def test_stability_eps_panel_draws_only_curves_that_can_be_seen():
         case("add", 1e-12, [1e-9, 1e-10, 1e-11]), case("add", 1e-2, [0.9, 0.5, 0.1]),
         case("clamp", 1e-12, [0.0, 0.0, 0.0]), case("clamp", 1e-2, [0.9, 0.0, 0.0])]}
     fig, ax = plt.subplots()
-    stability._plot_epsilon(ax, eps)
+    stability_plot._plot_epsilon(ax, eps)
     curves = [ln for ln in ax.lines if len(ln.get_xdata()) > 0 and ln.get_linestyle() == "-"]
     assert len(curves) == 2  # the two add cases; clamp curves would hide under them or vanish on a log axis
     vlines = [ln for ln in ax.lines if ln.get_linestyle() == ":" and len(ln.get_xdata()) == 2]

@@ -13,9 +13,9 @@ except ImportError:  # the core installs without the tools' dependencies
 COMMANDS = {
     "bench": ("linattn.tools.bench.cli", "command", "Decode step: explicit KV history vs fixed recurrent state."),
     "explain": ("linattn.tools.explainer.cli", "command", "Interactive offline page: linear attention step by step."),
-    "lab": ("linattn.tools.lab", "command", "PASS/FAIL checks that prove the mechanism on random inputs."),
+    "lab": ("linattn.tools.lab.cli", "command", "PASS/FAIL checks that prove the mechanism on random inputs."),
     "memory": ("linattn.tools.memory.cli", "command", "State vs KV-cache bytes, crossover lengths, hybrid models."),
-    "stability": ("linattn.tools.stability", "command", "Low-precision error against float64 over lengths."),
+    "stability": ("linattn.tools.stability.cli", "command", "Low-precision error against float64 over lengths."),
     "recall": ("linattn.tools.recall", "command", "Associative-recall diagnostic (no training)."),
     "sp-bench": ("linattn.tools.sp.bench", "command", "Sequence parallelism: N gloo ranks vs one process, bytes sent."),
     "mqar": ("linattn.tools.mqar.cli", "command",

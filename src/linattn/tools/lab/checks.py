@@ -1,8 +1,8 @@
-"""``linattn lab``: PASS/FAIL checks that prove the mechanism on random inputs.
+"""The checks of ``linattn lab``: PASS/FAIL proofs of the mechanism on random inputs.
 
 Each check is a function ``check_*(seed) -> CheckResult`` that builds its own float64 inputs from the seed, runs the
 public API (``linattn.linear_attention`` / ``linattn.step``) and compares with a float64 loop, a closed formula
-or another form. The command only prints one line per check and exits 1 if any check fails.
+or another form. The command (cli.py) only prints one line per check and exits 1 if any check fails.
 
 Error measure everywhere: ``max |actual - expected| / max(1, max |expected|)`` (absolute for outputs of order one,
 relative for large ones), the worst over every comparison a check makes. Tolerances are stated per check: 1e-10
@@ -14,13 +14,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import sys
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import click
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -625,7 +622,7 @@ def check_worked_example_delta(name: str, tol: float, seed: int) -> CheckResult:
 
 
 @contextlib.contextmanager
-def _one_thread():
+def one_thread():
     """The lab's tensors are tiny: extra intra-op threads only add synchronization (the whole lab took 3.1 s of CPU
     with 2 threads against 1.3 s with 1 on a busy 2-core machine). The caller's setting is restored afterwards."""
     before = torch.get_num_threads()
@@ -638,29 +635,5 @@ def _one_thread():
 
 def run_checks(seed: int = 0) -> list[CheckResult]:
     """Every lab check on the inputs of ``seed``, in the order the command prints them."""
-    with _one_thread():
+    with one_thread():
         return [check(seed) for check in CHECKS]
-
-
-@click.command(name="lab")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--verbose", "-v", is_flag=True, help="Also print where each check's worst error was.")
-def command(seed: int, verbose: bool) -> None:
-    """PASS/FAIL checks that prove the mechanism on random inputs (float64 unless a line says otherwise).
-
-    Each line is `name: PASS|FAIL  max_err=E tol=T`, with E the worst max|a - b| / max(1, max|b|) of the check.
-    Exits with status 1 if any check fails.
-    """
-    start = time.perf_counter()
-    failed = 0
-    for check in CHECKS:
-        with _one_thread():
-            result = check(seed)
-        click.echo(result.line())
-        if verbose or not result.passed:
-            click.echo(f"    {result.detail}")
-        failed += not result.passed
-    elapsed = time.perf_counter() - start
-    click.echo(f"{len(CHECKS) - failed} of {len(CHECKS)} checks passed (seed {seed}, {elapsed:.1f} s)")
-    if failed:
-        sys.exit(1)

@@ -1,6 +1,6 @@
-"""``linattn stability``: how far a low-precision run drifts from float64, and what epsilon and rescaling do.
-
-Three measurements, each a pure function returning plain dicts (the CLI only formats and writes them):
+"""The measurements of ``linattn stability``: how far a low-precision run drifts from float64, and what epsilon and
+rescaling do. Each is a pure function returning plain dicts (report.py formats them, plots.py draws them, cli.py
+reads the options and writes the files):
 
 * :func:`stability_sweep` runs a rule/form with q, k, v (and g, beta) cast to a candidate dtype and the state kept
   in that dtype (or in ``state_dtype``), against a float64 ground truth on the *same* inputs, over lengths, input
@@ -18,14 +18,10 @@ Three measurements, each a pure function returning plain dicts (the CLI only for
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,9 +31,6 @@ import linattn
 from linattn import State, reference
 from linattn.api import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
 from linattn.feature_maps import resolve_feature_map
-from linattn.tools.harness import cli as cli_files
-from linattn.tools.harness.plotting import pyplot, save_figure
-from linattn.tools.harness.results import atomic_write_json, validate
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_RULES = RULES
@@ -193,7 +186,7 @@ def reference_summary(rules: Sequence[str], seed: int) -> dict[str, Any]:
             "check_length": 128, "tolerance": REFERENCE_TOL, "passed": all(d <= REFERENCE_TOL for d in diffs.values())}
 
 
-def _check_positive(name: str, values: Sequence, kind: type) -> None:
+def check_positive(name: str, values: Sequence, kind: type) -> None:
     if len(values) == 0:
         raise ValueError(f"{name} must not be empty")
     for x in values:
@@ -250,10 +243,10 @@ def stability_sweep(
     _check_dtypes(dtypes)
     if state_dtype is not None:
         _check_dtypes([state_dtype])
-    _check_positive("lengths", lengths, int)
-    _check_positive("scales", scales, float)
-    _check_positive("chunk_sizes", chunk_sizes, int)
-    _check_positive("batch, heads, dim", [batch, heads, dim], int)
+    check_positive("lengths", lengths, int)
+    check_positive("scales", scales, float)
+    check_positive("chunk_sizes", chunk_sizes, int)
+    check_positive("batch, heads, dim", [batch, heads, dim], int)
     chunks = list(chunk_sizes) if form == "chunk" else [REFERENCE_CHUNK]  # other forms have no chunk size
     grid = case_grid(scales, chunks, full_grid)
     records: list[dict[str, Any]] = []
@@ -340,8 +333,8 @@ def epsilon_tradeoff(
     ``max(0, 1 - den / eps)`` for ``clamp`` (both rescale the whole output vector of a token);
     ``formula_max_dev`` records how far the measurement is from that.
     """
-    _check_positive("eps_values", eps_values, float)
-    _check_positive("length, dim", [length, dim], int)
+    check_positive("eps_values", eps_values, float)
+    check_positive("length, dim", [length, dim], int)
     x = epsilon_inputs(length, offsets, dim, seed)
     kw = {"rule": "accumulate", "form": "chunk", "chunk_size": REFERENCE_CHUNK}
 
@@ -431,9 +424,9 @@ def run_segmented(
     """
     if rule in DELTA_RULES:
         raise ValueError(f"rule: {rule!r} has no normalizer; rescaling applies to accumulate and gated only")
-    _check_positive("segment", [segment], int)
+    check_positive("segment", [segment], int)
     if limit is not None:
-        _check_positive("limit", [limit], float)
+        check_positive("limit", [limit], float)
     fmap = resolve_feature_map(feature_map)
     qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
     # The features are computed here, in the candidate dtype as the library would, so keys can be scaled.
@@ -511,230 +504,3 @@ def rescaling_check(
         },
         "error_by_position": by_pos,
     }
-
-
-# ------------------------------------------------------------------------------------------------ output
-_NUM = {"type": ["number", "null"]}
-_INT = {"type": ["integer", "null"], "minimum": 0}
-RESULT_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "title": "linattn stability result",
-    "type": "object",
-    "required": ["tool", "linattn_version", "created_utc", "config", "reference", "records", "epsilon", "rescaling"],
-    "properties": {
-        "tool": {"const": "stability"},
-        "config": {"type": "object", "required": ["rules", "form", "dtypes", "lengths", "scales", "chunk_sizes",
-                                                   "seed"]},
-        "reference": {"type": "object", "required": ["form", "chunk_size", "max_abs_diff_vs_numpy"]},
-        "records": {"type": "array", "items": {
-            "type": "object",
-            "required": ["rule", "form", "dtype", "state_dtype", "length", "input_scale", "chunk_size", "error",
-                         "max_abs_err", "max_rel_err", "median_rel_err", "min_den", "min_den_float64", "nan_count",
-                         "inf_count", "state_nonfinite", "state_abs_max"],
-            "properties": {"length": {"type": "integer", "minimum": 1}, "max_abs_err": _NUM, "max_rel_err": _NUM,
-                           "min_den": _NUM, "nan_count": _INT, "inf_count": _INT, "state_nonfinite": _INT},
-        }},
-        "epsilon": {"type": "object", "required": ["den_min", "den_max", "cases"]},
-        "rescaling": {"type": "object", "required": ["float64", "candidate"]},
-    },
-}
-
-
-def worst_by_length(records: list[dict[str, Any]], rule: str, dtype: str) -> dict[int, float | None]:
-    """Worst ``max_rel_err`` over input scales and chunk sizes, per length; None where a run failed."""
-    out: dict[int, float | None] = {}
-    for r in records:
-        if r["rule"] != rule or r["dtype"] != dtype:
-            continue
-        err = None if r["error"] or r["max_rel_err"] is None else r["max_rel_err"]
-        prev = out.get(r["length"], 0.0)
-        out[r["length"]] = None if (err is None or prev is None) else max(prev, err)
-    return out
-
-
-def _plot_epsilon(ax, eps: dict[str, Any]) -> None:
-    """The eps panel: one curve per ``add`` eps (change against the denominator, one color per eps). ``clamp``
-    changes exactly the tokens whose denominator is below eps (to ``1 - den/eps``, so near 1 there) and nothing
-    above, so its curves would lie under the ``add`` curves' plateau at 1 and drop to zero, where a log axis
-    cannot draw them: each is a dotted line at eps instead, and a clamp that changed no token is named, not drawn."""
-    values = sorted({c["eps"] for c in eps["cases"]})
-    color = {e: f"C{k % 10}" for k, e in enumerate(values)}
-    untouched = []
-    for case in eps["cases"]:
-        rows = [r for r in case["by_den_decade"] if r["max_rel_change"] > 0]
-        if case["eps_mode"] == "add" and rows:
-            ax.loglog([10.0 ** r["decade"] for r in rows], [r["max_rel_change"] for r in rows], "-", marker=".",
-                      color=color[case["eps"]], label=f"add, eps {case['eps']:g}")
-        elif case["eps_mode"] == "clamp" and rows and eps["den_min"] < case["eps"]:
-            ax.axvline(case["eps"], color=color[case["eps"]], ls=":", lw=1.5)
-        elif case["eps_mode"] == "clamp":
-            untouched.append(f"{case['eps']:g}")
-    ax.plot([], [], ls=":", color="gray", label="clamp, eps: changes only den < eps")
-    if untouched:
-        ax.plot([], [], ls="none", label=f"clamp, eps {', '.join(untouched)}: no token changed")
-    ax.set(title="eps: change vs eps = 0 (float64)", xlabel="denominator q^T z (decade start)",
-           ylabel="worst rel. change of a token")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")  # the curves fall to the right: the lower left stays empty
-
-
-def plot(doc: dict[str, Any], path: str | Path, *, overwrite: bool = False) -> Path:
-    """Error vs length per dtype (log-log, one panel per rule) and the epsilon trade-off, as one PNG."""
-    plt = pyplot()
-    rules, dtypes = doc["config"]["rules"], doc["config"]["dtypes"]
-    ncol = 3
-    nrow = math.ceil((len(rules) + 2) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.0 * ncol, 3.9 * nrow), squeeze=False)
-    flat = list(axes.flat)
-    for ax, rule in zip(flat, rules, strict=False):
-        top = 3.0
-        for name in dtypes:
-            worst = worst_by_length(doc["records"], rule, name)
-            pts = [(t, e) for t, e in sorted(worst.items()) if e is not None]
-            label = name if pts else f"{name}: kernel failed"
-            ax.loglog([p[0] for p in pts], [max(p[1], 1e-17) for p in pts], "o-", label=label)
-            top = max([top] + [3 * e for _, e in pts])
-        ax.set(title=f"{rule} ({doc['config']['form']} form)", xlabel="sequence length T",
-               ylabel="worst per-token rel. error", ylim=(1e-8, top))
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    _plot_epsilon(flat[len(rules)], doc["epsilon"])
-    ax = flat[len(rules) + 1]
-    rs = doc["rescaling"]
-    pos = rs["error_by_position"]
-    for key, label in (("plain_max_rel", "one call"), ("rescaled_max_rel", f"rescaled every {rs['segment']}")):
-        pts = [(p["start"], p[key]) for p in pos if p[key] is not None]
-        ax.semilogy([p[0] for p in pts], [max(p[1], 1e-17) for p in pts], ".-", label=label)
-    ax.set(title=f"accumulate, chunk form, {rs['candidate']['dtype']}: state rescaling",
-           xlabel="token position (window start)", ylabel="worst rel. error in window")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    for ax in flat[len(rules) + 2:]:
-        ax.axis("off")
-    fig.tight_layout()
-    return save_figure(fig, path, overwrite=overwrite, dpi=110)
-
-
-def _fmt(x: float | None) -> str:
-    return "  failed" if x is None else f"{x:8.1e}"
-
-
-def summary(doc: dict[str, Any]) -> str:
-    """The table the CLI prints: worst relative error per rule, dtype and length, then epsilon and rescaling."""
-    lengths = doc["config"]["lengths"]
-    cfg = doc["config"]
-    chunks = f"chunk sizes {cfg['chunk_sizes']}" if cfg["form"] == "chunk" else "no chunk size in this form"
-    state = f"; state in {cfg['state_dtype']}" if cfg.get("state_dtype") else "; state in the candidate dtype"
-    ref = doc["reference"]
-    worst_ref = max(ref["max_abs_diff_vs_numpy"].values())
-    lines = [f"float64 ground truth vs NumPy reference loop (T={ref['check_length']}): max abs diff {worst_ref:.1e}, "
-             f"tolerance {ref.get('tolerance', REFERENCE_TOL):.0e}: {'PASS' if ref.get('passed', True) else 'FAIL'}"]
-    lines += [f"worst per-token relative error vs float64 ({cfg['form']} form; max over scales {cfg['scales']}, "
-              f"{chunks}{state})",
-              f"{'rule':<12} {'dtype':<9}" + "".join(f"{'T=' + str(t):>10}" for t in lengths) + "  nonfinite"]
-    for rule in doc["config"]["rules"]:
-        for name in doc["config"]["dtypes"]:
-            worst = worst_by_length(doc["records"], rule, name)
-            recs = [r for r in doc["records"] if r["rule"] == rule and r["dtype"] == name]
-            bad = sum((r["nan_count"] or 0) + (r["inf_count"] or 0) + (r["state_nonfinite"] or 0) for r in recs)
-            lines.append(f"{rule:<12} {name:<9}" + "".join(f"{_fmt(worst.get(t)):>10}" for t in lengths) + f"  {bad}")
-    eps = doc["epsilon"]
-    lines.append(f"\nepsilon (float64, den from {eps['den_min']:.1e} to {eps['den_max']:.1e}): "
-                 "worst change, share of tokens changed > 1e-6, largest den changed > 1e-3")
-    for c in eps["cases"]:
-        big = "-" if c["max_den_changed_1e-3"] is None else f"{c['max_den_changed_1e-3']:.1e}"
-        lines.append(f"  {c['eps_mode']:<5} eps={c['eps']:<7g} {c['max_rel_change']:.1e}  "
-                     f"{100 * c['frac_changed_1e-6']:5.1f}%  {big}")
-    rs = doc["rescaling"]
-    p, r = rs["candidate"]["plain"], rs["candidate"]["rescaled"]
-    lines.append(f"\nrescaling (T={rs['length']}, {rs['candidate']['dtype']}): plain max rel err "
-                 f"{_fmt(p['max_rel_err'])}"
-                 f" ({p['zero_outputs']} zero outputs, {p['state_nonfinite']} non-finite state entries); rescaled "
-                 f"{_fmt(r['max_rel_err'])} ({r['n_rescales']} rescales); float64 rescaled vs plain "
-                 f"{rs['float64']['max_rel_diff_rescaled_vs_plain']:.1e}, eps not rescaled "
-                 f"{rs['float64']['max_rel_diff_eps_not_scaled']:.1e}")
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-def _list(kind: type):
-    def parse(ctx: click.Context, param: click.Parameter, value: str) -> tuple:
-        try:
-            items = tuple(kind(s) for s in value.split(",") if s.strip())
-            _check_positive(param.name, items, kind)
-        except ValueError as exc:
-            raise click.BadParameter(f"expected a comma-separated list of positive {kind.__name__}s: {exc}") from None
-        return items
-
-    return parse
-
-
-@click.command(name="stability", context_settings=cli_files.CONTEXT)
-@click.option("--rule", "rules", type=click.Choice(RULES), multiple=True, default=DEFAULT_RULES, show_default=True,
-              help="Update rule (repeat for several).")
-@click.option("--form", default="chunk", show_default=True, help="Form to test (see linattn.supported_forms).")
-@click.option("--dtype", "dtypes", type=click.Choice(list(DTYPES)), multiple=True, default=DEFAULT_DTYPES,
-              show_default=True, help="Candidate dtype of inputs and state (repeat for several).")
-@click.option("--state-dtype", type=click.Choice(list(DTYPES)), default=None,
-              help="Keep the state in this dtype instead of the candidate's (mixed precision).")
-@click.option("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), show_default=True, callback=_list(int))
-@click.option("--scales", default=",".join(map(str, DEFAULT_SCALES)), show_default=True, callback=_list(float),
-              help="Input scales: q, k, v = scale * N(0, 1).")
-@click.option("--chunk-sizes", default=",".join(map(str, DEFAULT_CHUNKS)), show_default=True, callback=_list(int))
-@click.option("--heads", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--dim", type=click.IntRange(min=1), default=32, show_default=True, help="Head (key = value) width.")
-@click.option("--full-grid", is_flag=True, help="Every scale with every chunk size (default: one factor at a time).")
-@click.option("--rescale-dtype", type=click.Choice(list(DTYPES)), default="float16", show_default=True,
-              help="Dtype of the state-rescaling check.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@cli_files.quick_option(help="Two lengths, one scale, two dtypes: checks the tool in seconds; its numbers mean "
-                        "nothing.")
-@cli_files.threads_option()
-@cli_files.output_option()
-@cli_files.plot_option(help="Write the PNG plot here.", dest="plot_path")
-@cli_files.overwrite_option()
-@cli_files.no_progress_option()
-@click.pass_context
-def command(ctx, rules, form, dtypes, state_dtype, lengths, scales, chunk_sizes, heads, dim, full_grid, rescale_dtype,
-            seed, quick, threads, output, plot_path, overwrite, no_progress) -> None:
-    """Low-precision error against float64 over lengths, input scales and chunk sizes; epsilon; rescaling.
-    Prints a summary; writes files only with -o/--output and --plot."""
-    cli_files.check_outputs(overwrite, {"--output": output, "--plot": plot_path})
-    cli_files.apply_threads(ctx, threads)
-    small = cli_files.quick_values(ctx, quick, {"lengths": (64, 256), "scales": (1.0,), "chunk_sizes": (16, 64),
-                                               "dtypes": ("float32", "bfloat16")})
-    lengths, scales = small.get("lengths", lengths), small.get("scales", scales)
-    chunk_sizes, dtypes = small.get("chunk_sizes", chunk_sizes), small.get("dtypes", dtypes)
-    for rule in rules:
-        if form not in linattn.supported_forms(rule):
-            raise click.BadParameter(f"rule {rule!r} has no form {form!r}", param_hint="--form")
-    start = time.perf_counter()
-    records = stability_sweep(rules=rules, form=form, dtypes=dtypes, lengths=lengths, scales=scales,
-                              chunk_sizes=chunk_sizes, state_dtype=state_dtype, heads=heads, dim=dim, seed=seed,
-                              full_grid=full_grid, progress=not no_progress)
-    doc = {
-        "tool": "stability",
-        "linattn_version": linattn.__version__,
-        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "config": {"rules": list(rules), "form": form, "dtypes": list(dtypes), "state_dtype": state_dtype,
-                   "lengths": list(lengths), "scales": list(scales), "chunk_sizes": list(chunk_sizes),
-                   "grid": "full" if full_grid else "one factor at a time",
-                   "batch": 1, "heads": heads, "dim": dim, "seed": seed,
-                   "feature_maps": {r: FEATURE_MAP[r] for r in rules},
-                   "inputs": "q, k, v = scale * N(0,1) rounded to a grid all candidate dtypes hold; delta rules: "
-                             "unit-norm keys, beta = sigmoid(N(0,1)); gated rules: alpha ~ U[0.9, 1) per head",
-                   "error_measure": "per token max|o - o64| / max|o64|, worst token"},
-        "reference": reference_summary(rules, seed),
-        "records": records,
-        "epsilon": epsilon_tradeoff(seed=seed),
-        "rescaling": rescaling_check(dtype=rescale_dtype, seed=seed, length=max(lengths)),
-    }
-    doc["elapsed_s"] = round(time.perf_counter() - start, 2)
-    validate(doc, RESULT_SCHEMA, source="stability result")
-    click.echo(summary(doc))
-    if output:
-        cli_files.write("--output", atomic_write_json, output, doc, overwrite=overwrite)
-    if plot_path:
-        cli_files.write("--plot", lambda p, overwrite: plot(doc, p, overwrite=overwrite), plot_path,
-                        overwrite=overwrite)
-    click.echo(f"({doc['elapsed_s']:.1f} s)")
