@@ -4,7 +4,7 @@
 #   scripts/bench_cuda.sh [LABEL] [extra linattn bench flags...]
 #
 # 1. dry run: fails fast (non-zero exit, nothing written) if CUDA, bfloat16 or the memory is missing;
-# 2. the workload on the GPU: bfloat16 tokens, float32 state, L = 512,2048,8192 (+ plot);
+# 2. the decode benchmark's workload on the GPU: bfloat16 tokens, float32 state, L = 512,2048,8192 (+ plot);
 # 3. the same with a bfloat16 state, the original experiment's setting (+ plot);
 # 4. both files side by side, with the CPU reference when it is there, and a combined plot.
 # Results: benchmarks/results/arch-linear-recurrence-v2_<LABEL>[-bf16-state].{json,png}. Existing files are

@@ -1,4 +1,4 @@
-"""Issue 12's question, asked for the rules without a delta: does a compiled chunk kernel (each chunk's C x C
+"""A question asked for the rules without a delta: does a compiled chunk kernel (each chunk's C x C
 scores and its state update as small matmuls on data kept in L1/L2) beat the compiled token loop?
 
 An experiment, not a backend: the chunk kernel below (numba, its matmuls through numba's ``np.dot``, i.e. BLAS

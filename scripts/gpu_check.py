@@ -1,4 +1,4 @@
-"""GPU measurements for issue 14 (run by scripts/gpu_check.sh on a CUDA machine; untested on hardware so far).
+"""GPU measurements (run by scripts/gpu_check.sh on a CUDA machine; untested on hardware so far).
 
     python scripts/gpu_check.py decode --out DIR    # the experiment: one decode step, KV cache vs fixed state
 

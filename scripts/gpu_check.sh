@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's GPU check, in one go on a fresh CUDA machine (run from anywhere). UNTESTED ON HARDWARE: written and
+# The GPU check, in one go on a fresh CUDA machine (run from anywhere). UNTESTED ON HARDWARE: written and
 # exercised on a CPU only (the Python halves under Triton's interpreter). It must finish in under 8 minutes on one
 # H100/H200: every step's time limit is cut to what is left of a 450 s budget (DEADLINE_S), so the whole script
 # stops by then however the steps fare (installing missing packages comes first and counts too).
@@ -16,7 +16,7 @@
 #    Triton step, per rule and L (CUDA events, torch.cuda.max_memory_allocated);             limit 50 s
 # 5. `linattn perf --device cuda`: linattn's Triton chunk kernels against fla's (chunk_linear_attn,
 #    chunk_simple_gla, chunk_gla, chunk_delta_rule, chunk_gated_delta_rule) and SDPA, forward and forward+backward,
-#    at fla's shapes and the seed's, with the device's measured matmul rate and copy bandwidth: 66 cases, about
+#    at fla's shapes and the course chapter's, with the device's measured matmul rate and copy bandwidth: 66 cases, about
 #    8 s of timed calls at an assumed 50 TFLOP/s (`--list` prints the plan), the rest compilation and fla's
 #    autotuning; no case starts after 170 s (--budget-s), limit 190 s.
 # Every step's log and result goes under OUT; a failing step is logged and the next one still runs.

@@ -2,7 +2,7 @@
 
 Each mutant is a textual patch (an exact snippet and its replacement) applied to a temporary copy of ``src/`` and
 ``tests/`` (never to this tree); then the test suite runs on that copy and every failing test is recorded. A bug
-that no test catches is a hole in the suite. The list holds the bugs that once survived (issue 15) in the four
+that no test catches is a hole in the suite. The list holds bugs that once survived the suite, in the four
 places where a regression would land unnoticed: the tools' own reference checks, the precision devices, the peer
 adapters and the perf cross-check, ``State``'s methods; plus the slab carry and a reference feature-map twin.
 
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    place: str  # which of issue 15's places it belongs to
+    place: str  # which of the four places it belongs to
     what: str
     path: str  # relative to the repository root
     old: str | tuple[str, ...]  # must occur exactly once in the file (alternatives: the first one found is used)
@@ -90,10 +90,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "return fn(inp.q, inp.k, inp.v, inp.beta, inp.g)[0]  # scales q",
            ("tests/test_peers.py",)),
     Mutant("state_clone_is_self", "State methods",
-           "State.clone returns the same object (caught by the State tests of issue 15 item 4)",
+           "State.clone returns the same object (caught by the State method tests)",
            "src/linattn/state.py",
            ("return State(self.S.clone(), None if self.z is None else self.z.clone())",
-            "return self._map(lambda x: x.clone(memory_format=torch.contiguous_format))"),  # issue 8's State
+            "return self._map(lambda x: x.clone(memory_format=torch.contiguous_format))"),  # an older State
            "return self",
            ("tests/test_state.py",)),
     Mutant("reference_softplus_twin", "reference feature maps",

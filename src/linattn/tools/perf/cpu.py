@@ -109,7 +109,7 @@ def build_cases(cfg: PerfConfig, peers: tuple[pp.Peer, ...] | None = None) -> li
         for variant in pp.VARIANTS:
             fl = rule_flops(variant, B, T, H, D, D, backward=backward)
             impls = [("linattn", pp.linattn_call(form), None)]
-            if form == "chunk":  # the compiled token loop (issue 12), with its compiled backward in fwdbwd
+            if form == "chunk":  # the compiled token loop, with its compiled backward in fwdbwd
                 impls.append((CPU_IMPL, pp.linattn_call(form, backend="cpu"), None))
             impls += [(p.name, _lazy(p), p) for p in peers if p.form == form and p.variant == variant]
             for impl, fn, peer in impls:
