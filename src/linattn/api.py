@@ -57,6 +57,9 @@ def linear_attention(
     state have ``HV`` heads.
 
     Args:
+        q: queries ``[B, T, H, Dk_in]``, before the feature map.
+        k: keys, the shape of ``q``.
+        v: values ``[B, T, HV, Dv]``.
         rule: ``"accumulate"`` S_t = S_{t-1} + k v^T; ``"gated"`` S_t = a_t S_{t-1} + k v^T (``a = exp(g)``, per head
             or per key channel); ``"delta"`` S_t = S_{t-1} + beta k (v - S^T k)^T; ``"gated_delta"``
             S_t = a_t (I - beta k k^T) S_{t-1} + beta k v^T (gate before the prediction, as in Gated DeltaNet).
@@ -70,8 +73,9 @@ def linear_attention(
             gated, ``False`` for the delta rules (which define no z; ``True`` there is an error).
         scale: multiplies the query features; default ``r ** -0.5`` with r the feature width (as in
             flash-linear-attention). With ``normalize`` it cancels except against ``eps``.
-        eps, eps_mode: the denominator is ``den + eps`` (``"add"``, default) or ``max(den, eps)`` (``"clamp"``);
-            ``eps=0`` divides exactly. Used only when normalized, the same way in every form.
+        eps: the denominator's guard, ``den + eps`` or ``max(den, eps)`` (see ``eps_mode``); ``eps=0`` divides
+            exactly. Used only when normalized, the same way in every form.
+        eps_mode: ``"add"`` (default) divides by ``den + eps``, ``"clamp"`` by ``max(den, eps)``.
         g: log-gate (``g <= 0``), ``[B, T, HV]`` or per key channel ``[B, T, HV, r]`` (GLA; for ``"gated_delta"``
             Kimi Delta Attention, S_t = (I - beta k k^T) diag(a_t) S_{t-1} + beta k v^T). Gated rules only.
         beta: write strength ``[B, T, HV]`` for the delta rules. The write converges for ``0 < beta |k|^2 < 2``.

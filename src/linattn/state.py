@@ -41,11 +41,12 @@ class State:
         S: ``[B, H, Dk, Dv]`` memory; ``Dk`` is the feature width (after the feature map).
         z: ``[B, H, Dk]`` running sum of key features (the normalizer), or ``None`` for rules without one
             (delta, gated delta, or ``normalize=False``).
-        rule, feature_map, normalized: what made the state, recorded when linattn makes it (``None`` for a state
-            built by hand: then nothing is checked). ``feature_map`` is the map's name (``"identity"`` for
-            ``feature_map=None``, the same function) or, for a callable, its qualified name. ``step`` and
-            ``linear_attention`` refuse a recorded state made by another rule or feature map; to carry one over
-            on purpose, rebuild it as ``State(state.S, state.z)``.
+        rule: the rule that made the state, recorded when linattn makes it (``None`` for a state built by hand:
+            then nothing is checked). ``step`` and ``linear_attention`` refuse a recorded state made by another
+            rule or feature map; to carry one over on purpose, rebuild it as ``State(state.S, state.z)``.
+        feature_map: the map's name (``"identity"`` for ``feature_map=None``, the same function) or, for a
+            callable, its qualified name; ``None`` when built by hand.
+        normalized: whether the state carries the normalizer z; ``None`` when built by hand.
 
     Equality is identity (``==`` on tensors has no single truth value); compare ``S`` and ``z`` to compare contents.
     """

@@ -92,23 +92,30 @@ class LinearAttention(nn.Module):
     """A linear-attention token mixer for any rule, with the published parameterizations.
 
     Args:
-        hidden_size, num_heads, head_dim: model width, q/k heads and their width.
+        hidden_size: model width: ``x`` is ``[B, T, hidden_size]``, and so is the output.
+        num_heads: query/key heads.
+        head_dim: width of each query/key head (before the feature map).
         rule: ``"accumulate"``, ``"gated"`` (GLA), ``"delta"`` (DeltaNet) or ``"gated_delta"`` (Gated DeltaNet;
             with ``per_channel_gate=True`` Kimi Delta Attention).
-        feature_map, normalize: passed to :func:`linattn.linear_attention`; default per rule (``DEFAULT_FEATURE_MAP``;
-            ``normalize=None`` is the rule's own definition, except gated, which runs unnormalized as GLA does).
-        num_v_heads, v_head_dim: value heads (a multiple of ``num_heads``: grouped value heads) and their width;
-            default ``num_heads`` and ``head_dim``.
+        feature_map: passed to :func:`linattn.linear_attention`; default per rule (``DEFAULT_FEATURE_MAP``: elu1
+            for accumulate, none for gated, l2 for the delta rules).
+        normalize: passed to :func:`linattn.linear_attention`; ``None`` is the rule's own definition, except gated,
+            which runs unnormalized as GLA does.
+        num_v_heads: value heads, a multiple of ``num_heads`` (grouped value heads); default ``num_heads``.
+        v_head_dim: width of each value head; default ``head_dim``.
         conv_size: short causal depthwise convolution (with SiLU) over q, k, v, as in fla and Qwen3-Next; 0 for none.
         per_channel_gate: gated rules: one gate per key channel from a low-rank projection (GLA:
             ``logsigmoid(W2 W1 x) / 16``; KDA: ``-exp(A) softplus(W2 W1 x + dt_bias)``) instead of one per head
             (Gated DeltaNet: ``g = -exp(A) softplus(a(x) + dt_bias)``). Default: True for gated, False for gated_delta.
         gate_rank: rank of the low-rank gate projection (GLA uses 16).
-        A_init_range, dt_init_range: gated_delta: the decay's initialization, Mamba-2's (and fla's): A uniform and
-            dt log-uniform in these ranges, so a head starts keeping ``exp(-A dt)`` of its state per token (0.2 to
-            0.999 by default). A model with few heads may want slower starts, e.g. ``(1, 1)`` and ``(0.01, 0.01)``.
+        A_init_range: gated_delta: the decay's initialization, Mamba-2's (and fla's): A uniform in this range and
+            dt log-uniform in ``dt_init_range``, so a head starts keeping ``exp(-A dt)`` of its state per token (0.2
+            to 0.999 by default). A model with few heads may want slower starts, e.g. ``(1, 1)``.
+        dt_init_range: gated_delta: the range of dt's log-uniform initialization (see ``A_init_range``), e.g.
+            ``(0.01, 0.01)`` for slower starts.
         output_gate: ``o = RMSNorm(o) * silu(W_z x)`` per value head (Gated DeltaNet, GLA); else ``RMSNorm(o)``.
-        chunk_size, form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
+        chunk_size: passed to :func:`linattn.linear_attention` for sequences longer than one token.
+        form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
         backend: passed to every linattn call (``"auto"``, ``"torch"``, ``"cpu"`` or ``"triton"``; see
             :func:`linattn.linear_attention`).
         state_dtype: the recurrent state's accumulation dtype, passed to :func:`linattn.linear_attention` and

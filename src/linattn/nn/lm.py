@@ -63,7 +63,11 @@ class CausalLM(nn.Module):
     """Token ids ``[B, T]`` -> logits ``[B, T, vocab]``, with a cache per layer for decoding.
 
     Args:
-        vocab_size, hidden_size, num_layers, num_heads, head_dim: the usual sizes.
+        vocab_size: number of token ids.
+        hidden_size: model width.
+        num_layers: number of blocks (a token mixer, then an MLP).
+        num_heads: query/key heads of every mixer.
+        head_dim: width of each head.
         mixers: one name for every layer (``"attention"`` or a rule of :data:`linattn.RULES`) or one per layer,
             e.g. :func:`hybrid_pattern`.
         intermediate_size: MLP width (default ``2 * hidden_size``); 0 for blocks without an MLP.
