@@ -1,6 +1,6 @@
 """The short causal convolution (depthwise, with SiLU) that fla's and Qwen3-Next's linear layers put before q, k
 and v (Mamba-2's and LFM2's with a bias, LFM2's without the SiLU): a torch form (any dtype and device, any order
-of derivative) and, for float32 and float64 CPU tensors, one compiled pass each way
+of derivative) and, for float32 CPU tensors, one compiled pass each way
 (:mod:`linattn.kernels.cpu_conv`); a double backward recomputes in the torch form. :func:`conv_update` runs one
 decode token through a rolling window of inputs in place."""
 
@@ -44,7 +44,7 @@ def causal_conv(x, weight, history=None, cu_seqlens=None, *, bias=None, activati
     tail = xs[:, T:] if K > 1 else xs[:, :0]
     offs = None if cu_seqlens is None else sequence_offsets(cu_seqlens, T)
     # The compiled pass reads raw memory, which torch.func wrappers lack: under a transform the torch form runs.
-    plain = (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in (torch.float32, torch.float64)
+    plain = (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
              and (bias is None or bias.dtype == x.dtype) and not functorch_active())
     kernel = _load() if plain else None
     silu = activation == "silu"
