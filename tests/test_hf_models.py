@@ -83,7 +83,7 @@ def test_training_step_gradients_match_hf(model_type):
         grads[name] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     assert grads["ours"].keys() == grads["hf"].keys() and grads["hf"]
     worst = max(rel(grads["ours"][n], g) for n, g in grads["hf"].items() if g.abs().max() > 0)
-    assert worst <= 1e-4, worst  # HF's functions round to float32 inside
+    assert worst <= 1e-5, worst  # HF's functions round to float32 inside (measured: up to 3.2e-6)
 
 
 @pytest.mark.parametrize("model_type", ["mamba2", "granitemoehybrid", "kimi_linear", "qwen3_5"])

@@ -38,6 +38,8 @@ def test_use_it_in_a_model_runs():
         for block in code:
             exec(compile(block, str(USAGE), "exec"), namespace)
     finally:
+        if "patched" in namespace:
+            namespace["patched"].undo()
         for name, fn in saved.items():
             setattr(m, name, fn)
     assert namespace["state"].S.shape == (3, 4, 32, 32)
