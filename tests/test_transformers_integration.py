@@ -11,10 +11,11 @@ pytest.importorskip("transformers.models.qwen3_next")
 
 from linattn.backends import cpu as cpu_backend  # noqa: E402
 from linattn.integrations import transformers as lt  # noqa: E402
+from linattn.integrations.transformers import common  # noqa: E402
 
 torch.set_num_threads(1)
 try:  # transformers before 5 binds the rule per layer instance: the patch refuses it (tested with 5.24)
-    lt._modeling("qwen3_next")
+    lt.modeling("qwen3_next")
 except RuntimeError as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
@@ -74,7 +75,7 @@ def test_patch_is_undone():
     with lt.patch_qwen3_next() as patch:
         assert m.torch_chunk_gated_delta_rule.func is lt.chunk_gated_delta_rule
         assert m.torch_recurrent_gated_delta_rule.func is lt.recurrent_gated_delta_rule
-        assert m.torch_chunk_gated_delta_rule.keywords == {"backend": "auto"}
+        assert m.torch_chunk_gated_delta_rule.keywords["backend"] == "auto"
         assert patch.active and len(patch.replacements) == 4
     assert m.torch_chunk_gated_delta_rule is before
     with pytest.raises(ValueError, match="models"):
@@ -240,14 +241,14 @@ def test_patched_layer_refuses_bad_cu_seq_lens(bad, error, match, name):
 def test_patches_undo_in_any_order():
     from transformers.models.qwen3_next import modeling_qwen3_next as m
 
-    names = lt._RULE_FUNCTIONS + lt._CONV_FUNCTIONS
+    names = list(lt.FAMILIES["gated_delta"][1])
     before = {name: getattr(m, name) for name in names}
     for order in ((0, 1), (1, 0)):
         patches = [lt.patch_qwen3_next(backend="torch"), lt.patch_qwen3_next(backend="cpu")]
-        assert m.torch_chunk_gated_delta_rule.keywords == {"backend": "cpu"}  # the latest patch is in force
+        assert m.torch_chunk_gated_delta_rule.keywords["backend"] == "cpu"  # the latest patch is in force
         patches[order[0]].undo()
         survivor = patches[order[1]]
-        assert m.torch_chunk_gated_delta_rule.keywords == {"backend": survivor is patches[0] and "torch" or "cpu"}
+        assert m.torch_chunk_gated_delta_rule.keywords["backend"] == (survivor is patches[0] and "torch" or "cpu")
         survivor.undo()
         assert {name: getattr(m, name) for name in names} == before, order
         survivor.undo()  # undoing twice does nothing
@@ -261,16 +262,18 @@ def test_patches_undo_in_any_order():
 
 
 def test_packed_convolution_refuses_what_it_cannot_run():
-    """The packed convolution is SiLU without bias on one row; anything else is an error naming what was wrong, and
-    an unpacked call is HF's own."""
+    """The packed convolution is SiLU or none, with or without a bias, on one row; anything else is an error naming
+    what was wrong, and an unpacked call with another activation is HF's own."""
     from transformers.models.qwen3_next import modeling_qwen3_next as m
 
     hf_conv = lt.hf_torch_fallback(m.causal_conv1d_fn)
     x, w, cu = torch.randn(1, 6, 10), torch.randn(6, 4), torch.tensor([0, 4, 10])
     with pytest.raises(ValueError, match="activation='gelu'"):
         lt.causal_conv1d_fn(x, w, activation="gelu", fallback=hf_conv, cu_seq_lens_q=cu)
-    with pytest.raises(ValueError, match="bias set"):
-        lt.causal_conv1d_fn(x, w, torch.zeros(6), activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
+    bias = torch.randn(6)
+    with_bias = lt.causal_conv1d_fn(x, w, bias, activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
+    alone = torch.cat([hf_conv(x[..., :4], w, bias, "silu"), hf_conv(x[..., 4:], w, bias, "silu")], dim=-1)
+    assert (with_bias - alone).abs().max() <= 1e-6 * alone.abs().max()
     with pytest.raises(ValueError, match="cu_seq_lens_q: .*batch size 1"):
         lt.causal_conv1d_fn(x.expand(2, -1, -1), w, activation="silu", fallback=hf_conv, cu_seq_lens_q=cu)
     assert torch.equal(lt.causal_conv1d_fn(x, w, activation="gelu", fallback=hf_conv), hf_conv(x, w, None, "gelu"))
@@ -290,7 +293,7 @@ def test_decode_loop_updates_hf_cache_in_place_with_one_call_per_token(calls, B)
     ids = torch.randint(0, 96, (B, 12), generator=torch.Generator().manual_seed(B))
     states = {}
     for name, patch in (("hf", lt.use_hf_torch_fallback), ("ours", lt.patch_qwen3_next)):
-        held = len(lt._DECODERS)
+        held = len(common.DECODERS)
         with patch(), torch.no_grad():
             out = model(ids[:, :5], use_cache=True)
             cache, logits = out.past_key_values, [out.logits]
@@ -301,12 +304,12 @@ def test_decode_loop_updates_hf_cache_in_place_with_one_call_per_token(calls, B)
                 out = model(ids[:, t:t + 1], cache=cache, use_cache=True)
                 logits.append(out.logits)
                 assert cache.layers[0].recurrent_states[0] is S and S.data_ptr() == memory
-            assert len(lt._DECODERS) == held + (name == "ours")  # one decoder, prepared for this tensor
+            assert len(common.DECODERS) == held + (name == "ours")  # one decoder, prepared for this tensor
         states[name] = torch.cat(logits, dim=1), S.clone()
         assert len(calls) == (7 if name == "ours" else 0)
         del out, cache, S
         gc.collect()
-        assert len(lt._DECODERS) == held  # the decoder went with the cache's tensor
+        assert len(common.DECODERS) == held  # the decoder went with the cache's tensor
     scale = states["hf"][0].abs().max()
     assert (states["ours"][0] - states["hf"][0]).abs().max() <= 1e-5 * scale
     assert (states["ours"][1] - states["hf"][1]).abs().max() <= 1e-5 * states["hf"][1].abs().max()

@@ -24,7 +24,7 @@ def test_use_it_in_a_model_runs():
     from linattn.integrations import transformers as lt
 
     try:  # transformers before 5 binds the rule per layer instance: the patch refuses it (tested with 5.24)
-        lt._modeling("qwen3_next")
+        lt.modeling("qwen3_next")
     except RuntimeError as exc:
         pytest.skip(str(exc))
 
@@ -38,6 +38,8 @@ def test_use_it_in_a_model_runs():
         for block in code:
             exec(compile(block, str(USAGE), "exec"), namespace)
     finally:
+        if "patched" in namespace:
+            namespace["patched"].undo()
         for name, fn in saved.items():
             setattr(m, name, fn)
     assert namespace["state"].S.shape == (3, 4, 32, 32)

@@ -1,0 +1,328 @@
+"""Each function linattn's transformers integration puts in HF's place, against HF's own torch function
+(``inspect.unwrap``: HF's undecorated code) and against the model's definition in float64.
+
+HF's torch functions of the three rules compute in float32 whatever the input dtype (they call ``.float()``), so
+against them the tolerance is float32 rounding; the float64 checks at 1e-10 are against the definition: the
+float64 reference (:mod:`linattn.reference`) for the delta rules and a token loop of Mamba-2's recurrence (as
+HF's decode step writes it) for the scan. HF's convolution keeps the input dtype: it is compared in float64."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from linattn import reference  # noqa: E402
+from linattn.integrations import transformers as lt  # noqa: E402
+
+torch.set_num_threads(1)
+try:
+    MAMBA = lt.modeling("mamba2")
+    KIMI = lt.modeling("kimi_linear")
+    QWEN = lt.modeling("qwen3_next")
+except RuntimeError as exc:  # another transformers: test_hf_patch checks the error
+    pytest.skip(str(exc), allow_module_level=True)
+
+F64 = torch.float64
+
+
+def hf(module, name):
+    return inspect.unwrap(lt.original(module, name))
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+# ------------------------------------------------------------------------------------------------ Mamba-2
+def ssm_inputs(T, gen, B=2, H=4, G=2, P=3, N=5, dtype=F64):
+    x = torch.randn(B, T, H, P, generator=gen, dtype=dtype)
+    dt = torch.randn(B, T, H, generator=gen, dtype=dtype)
+    A = -torch.rand(H, generator=gen, dtype=dtype) * 2 - 0.1
+    Bm, Cm = (torch.randn(B, T, G, N, generator=gen, dtype=dtype) for _ in range(2))
+    D, dt_bias = torch.randn(H, generator=gen, dtype=dtype), torch.randn(H, generator=gen, dtype=dtype)
+    S0 = torch.randn(B, H, P, N, generator=gen, dtype=dtype)
+    return x, dt, A, Bm, Cm, D, dt_bias, S0
+
+
+def ssm_loop(x, dt, A, Bm, Cm, D, dt_bias, S0, dt_limit=(0.0, float("inf"))):
+    """Mamba-2 token by token in float64: S = exp(dt A) S + (dt x) B^T, y = S C + D x, state [B, H, P, N]."""
+    B, T, H, P = x.shape
+    rep = H // Bm.shape[2]
+    dt = F.softplus(dt + dt_bias).clamp(*dt_limit)
+    S = torch.zeros(B, H, P, Bm.shape[-1], dtype=F64) if S0 is None else S0.clone()
+    ys = []
+    for t in range(T):
+        Bt, Ct = Bm[:, t].repeat_interleave(rep, 1), Cm[:, t].repeat_interleave(rep, 1)
+        S = S * torch.exp(dt[:, t] * A)[..., None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * Bt[:, :, None]
+        ys.append((S @ Ct[..., None])[..., 0] + D[:, None] * x[:, t])
+    return torch.stack(ys, 1), S
+
+
+@pytest.mark.parametrize("T", [1, 7, 8, 9, 13, 70])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_mamba2_chunk_scan(T, with_state):
+    gen = torch.Generator().manual_seed(T + 100 * with_state)
+    x, dt, A, Bm, Cm, D, dt_bias, S0 = ssm_inputs(T, gen)
+    S0 = S0 if with_state else None
+    limit = (0.0, float("inf")) if T % 2 else (0.05, 1.5)
+    kw = dict(chunk_size=8, D=D, dt_bias=dt_bias, initial_states=S0, dt_softplus=True, dt_limit=limit,
+              return_final_states=True)
+    y, S = lt.mamba2_chunk_scan(x, dt, A, Bm, Cm, **kw)
+    y_ref, S_ref = ssm_loop(x, dt, A, Bm, Cm, D, dt_bias, S0, limit)
+    assert y.dtype == F64 and S.shape == S_ref.shape
+    assert rel(y, y_ref) <= 1e-10 and rel(S, S_ref) <= 1e-10
+    y_hf, S_hf = hf(MAMBA, "mamba2_chunk_scan")(x, dt, A, Bm, Cm, **kw)  # float32 inside
+    assert rel(y, y_hf) <= 1e-5 and rel(S, S_hf) <= 1e-5
+    y32, S32 = lt.mamba2_chunk_scan(*(t.float() for t in (x, dt, A, Bm, Cm)), chunk_size=8, D=D.float(),
+                                    dt_bias=dt_bias.float(), initial_states=None if S0 is None else S0.float(),
+                                    dt_softplus=True, dt_limit=limit, return_final_states=True)
+    assert y32.dtype == torch.float32 and rel(y32, y_ref) <= 1e-5 and rel(S32, S_ref) <= 1e-5
+
+
+def test_mamba2_chunk_scan_gradients_match_the_loop():
+    gen = torch.Generator().manual_seed(3)
+    inputs = [t.requires_grad_() for t in ssm_inputs(11, gen)]
+    w = torch.randn(2, 11, 4, 3, generator=gen, dtype=F64)
+    y, S = lt.mamba2_chunk_scan(*inputs[:5], chunk_size=8, D=inputs[5], dt_bias=inputs[6], initial_states=inputs[7],
+                                dt_softplus=True, return_final_states=True)
+    grads = torch.autograd.grad((y * w).sum() + S.sum(), inputs)
+    y_ref, S_ref = ssm_loop(*inputs)
+    ref = torch.autograd.grad((y_ref * w).sum() + S_ref.sum(), inputs)
+    for got, want in zip(grads, ref, strict=True):
+        assert rel(got, want) <= 1e-10
+
+
+@pytest.mark.parametrize("packing", ["seq_idx", "cu_seqlens", "cu_seq_lens_q"])
+def test_mamba2_chunk_scan_packed_equals_each_sequence_alone(packing):
+    gen = torch.Generator().manual_seed(4)
+    lengths = [5, 1, 9, 3]
+    T = sum(lengths)
+    x, dt, A, Bm, Cm, D, dt_bias, _ = ssm_inputs(T, gen, B=1)
+    cu = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    S0 = torch.randn(len(lengths), 4, 3, 5, generator=gen, dtype=F64)
+    packed = {"seq_idx": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None].int(),
+              "cu_seqlens": cu, "cu_seq_lens_q": cu}[packing]
+    y, S = lt.mamba2_chunk_scan(x, dt, A, Bm, Cm, chunk_size=8, D=D, dt_bias=dt_bias, initial_states=S0,
+                                dt_softplus=True, return_final_states=True, **{packing: packed})
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        y_i, S_i = ssm_loop(x[:, a:b], dt[:, a:b], A, Bm[:, a:b], Cm[:, a:b], D, dt_bias, S0[i:i + 1])
+        assert rel(y[:, a:b], y_i) <= 1e-10 and rel(S[i:i + 1], S_i) <= 1e-10
+
+
+def decode_args(gen, B=2, H=4, G=2, P=3, N=5, dtype=F64):
+    """The arguments of HF's decode step as HF's layers pass them: per-head values expanded over P (and N)."""
+    x = torch.randn(B, H, P, generator=gen, dtype=dtype)
+    dt = torch.randn(B, H, 1, generator=gen, dtype=dtype).expand(-1, -1, P)
+    A = (-torch.rand(H, generator=gen, dtype=torch.float32) - 0.1)[:, None, None].expand(-1, P, N)
+    Bm, Cm = (torch.randn(B, G, N, generator=gen, dtype=dtype) for _ in range(2))
+    D = torch.randn(H, generator=gen, dtype=dtype)[:, None].expand(-1, P)
+    dt_bias = torch.randn(H, generator=gen, dtype=dtype)[:, None].expand(-1, P)
+    z = torch.randn(B, H, P, generator=gen, dtype=dtype)
+    return x, dt, A, Bm, Cm, D, dt_bias, z
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("layout", ["hf", "linattn"])
+def test_mamba2_decode_step_updates_the_state_in_place(dtype, layout):
+    """The state is updated where it lies, in HF's own layout or in linattn's (the transposed memory a patched
+    prefill leaves in HF's cache); output and state equal HF's step and the token loop."""
+    gen = torch.Generator().manual_seed(5)
+    x, dt, A, Bm, Cm, D, dt_bias, z = decode_args(gen, dtype=dtype)
+    base = torch.randn(2, 4, 3, 5, generator=gen, dtype=dtype)
+    state = base.clone() if layout == "hf" else base.transpose(-1, -2).contiguous().transpose(-1, -2)
+    ptr, stride = state.data_ptr(), state.stride()
+    hf_state = base.clone()
+    kw = dict(D=D, dt_bias=dt_bias, dt_softplus=True, z=z)
+    with torch.no_grad():
+        for _ in range(3):
+            y = lt.mamba2_selective_state_update(state, x, dt, A, Bm, Cm, **kw)
+            y_hf = hf(MAMBA, "mamba2_selective_state_update")(hf_state, x, dt, A, Bm, Cm, **kw)
+    assert state.data_ptr() == ptr and state.stride() == stride
+    tol = 1e-5 if dtype == torch.float32 else 1e-6  # HF's decay exp(dt A) is float32 even for float64 inputs
+    assert y.dtype == dtype and rel(y, y_hf) <= tol and rel(state, hf_state) <= tol
+    if dtype == F64:  # three tokens of the definition
+        loop_state = base.clone()
+        for _ in range(3):
+            y_ref, loop_state = ssm_loop(x[:, None], dt[:, None, :, 0], A[:, 0, 0].double(), Bm[:, None],
+                                         Cm[:, None], D[:, 0], dt_bias[:, 0], loop_state)
+        assert rel(y, y_ref[:, 0] * F.silu(z)) <= 1e-12 and rel(state, loop_state) <= 1e-12
+
+
+def test_mamba2_decode_step_under_autograd_writes_like_hf():
+    gen = torch.Generator().manual_seed(6)
+    x, dt, A, Bm, Cm, D, dt_bias, _ = decode_args(gen)
+    x.requires_grad_()
+    state = torch.randn(2, 4, 3, 5, generator=gen, dtype=F64)
+    hf_state = state.clone()
+    y = lt.mamba2_selective_state_update(state, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, dt_softplus=True)
+    y_hf = hf(MAMBA, "mamba2_selective_state_update")(hf_state, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias,
+                                                       dt_softplus=True)
+    assert rel(y, y_hf) <= 1e-6 and rel(state, hf_state) <= 1e-6
+    (gx,) = torch.autograd.grad(y.sum(), x)
+    (gx_hf,) = torch.autograd.grad(y_hf.sum(), x)
+    assert rel(gx, gx_hf) <= 1e-6
+
+
+def test_mamba2_decode_step_with_per_channel_values_takes_hf_code():
+    """dt varying along the head dim has no gated-rule equivalent: HF's own torch step runs it."""
+    gen = torch.Generator().manual_seed(7)
+    x, dt, A, Bm, Cm, D, dt_bias, _ = decode_args(gen)
+    dt = dt + torch.randn(dt.shape, generator=gen, dtype=F64)
+    fb = lt.original(MAMBA, "mamba2_selective_state_update")
+    s1, s2 = (torch.randn(2, 4, 3, 5, generator=gen, dtype=F64),) * 2
+    s1, s2 = s1.clone(), s2.clone()
+    y = lt.mamba2_selective_state_update(s1, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, dt_softplus=True, fallback=fb)
+    y_hf = hf(MAMBA, "mamba2_selective_state_update")(s2, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, dt_softplus=True)
+    assert torch.equal(y, y_hf) and torch.equal(s1, s2)
+    with pytest.raises(ValueError, match="^dt: .*head dim"):
+        lt.mamba2_selective_state_update(s1, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, dt_softplus=True)
+
+
+def test_off_cpu_calls_go_to_hf_choice_unless_a_backend_is_forced():
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(args[0].device.type)
+        return "hf"
+
+    x = torch.empty(1, 3, 4, 2, device="meta")
+    assert lt.mamba2_chunk_scan(x, x[..., 0], x[0, 0, :, 0], x, x, 8, fallback=spy) == "hf"
+    assert lt.causal_conv1d_fn(x[0], x[0, 0], fallback=spy) == "hf"
+    assert lt.chunk_kimi_delta_attention(x, x, x, x, x[..., 0], fallback=spy) == "hf"
+    assert lt.mamba2_split_conv1d_scan_combined(x, x, None, x, x, x, 8, fallback=spy) == "hf"
+    assert seen == ["meta"] * 4
+    cpu = torch.zeros(1, 3, 4, 2)
+    assert lt.mamba2_split_conv1d_scan_combined(cpu, cpu, None, cpu, cpu, cpu, 8, fallback=spy) is None
+
+
+# ------------------------------------------------------------------------------------------------ delta rules
+def delta_inputs(T, gen, per_channel, B=2, H=2, HV=4, K=8, Dv=6, dtype=F64):
+    q, k = (torch.randn(B, T, H, K, generator=gen, dtype=dtype) for _ in range(2))
+    v = torch.randn(B, T, HV, Dv, generator=gen, dtype=dtype)
+    g = -torch.rand(B, T, HV, *((K,) if per_channel else ()), generator=gen, dtype=dtype) * 0.5
+    beta = torch.rand(B, T, HV, generator=gen, dtype=dtype)
+    S0 = torch.randn(B, HV, K, Dv, generator=gen, dtype=dtype)
+    return q, k, v, g, beta, S0
+
+
+def delta_ref(q, k, v, g, beta, S0):
+    o, S, _ = reference.linear_attention(q.numpy(), k.numpy(), v.numpy(), rule="gated_delta", feature_map="l2",
+                                         g=g.numpy(), beta=beta.numpy(),
+                                         initial_S=None if S0 is None else S0.numpy())
+    return torch.from_numpy(np.asarray(o)), torch.from_numpy(np.asarray(S))
+
+
+@pytest.mark.parametrize("family", ["kda", "gated_delta"])
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 13])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_delta_rule_prefill(family, T, with_state):
+    """Chunk (prefill) functions: float64 against the reference at 1e-10, float32 against HF's torch code."""
+    gen = torch.Generator().manual_seed(T + 7 * with_state)
+    q, k, v, g, beta, S0 = delta_inputs(T, gen, per_channel=family == "kda", HV=2 if family == "kda" else 4)
+    S0 = S0 if with_state else None
+    ours, module, name = ((lt.chunk_kimi_delta_attention, KIMI, "chunk_kimi_delta_attention") if family == "kda"
+                          else (lt.chunk_gated_delta_rule, QWEN, "torch_chunk_gated_delta_rule"))
+    kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, S = ours(q, k, v, g, beta, **kw)
+    o_ref, S_ref = delta_ref(q, k, v, g, beta, S0)
+    assert rel(o, o_ref) <= 1e-10 and rel(S, S_ref) <= 1e-10
+    f32 = [t.float() for t in (q, k, v, g, beta)]
+    kw32 = dict(kw, initial_state=None if S0 is None else S0.float())
+    o32, S32 = ours(*f32, **kw32)
+    o_hf, S_hf = hf(module, name)(*f32, **kw32)
+    assert rel(o32, o_hf) <= 2e-5 and rel(S32, S_hf) <= 2e-5
+
+
+@pytest.mark.parametrize("family", ["kda", "gated_delta"])
+def test_delta_rule_decode_steps_in_place(family):
+    gen = torch.Generator().manual_seed(8)
+    q, k, v, g, beta, S0 = delta_inputs(4, gen, per_channel=family == "kda", HV=2 if family == "kda" else 4,
+                                        dtype=torch.float32)
+    ours, module, name = ((lt.recurrent_kimi_delta_attention, KIMI, "recurrent_kimi_delta_attention")
+                          if family == "kda" else
+                          (lt.recurrent_gated_delta_rule, QWEN, "torch_recurrent_gated_delta_rule"))
+    S, S_hf = S0.clone(), S0.clone()
+    ptr = S.data_ptr()
+    with torch.no_grad():
+        for t in range(4):
+            step = [x[:, t:t + 1] for x in (q, k, v, g, beta)]
+            o, S_out = ours(*step, initial_state=S, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            o_hf, S_hf = hf(module, name)(*step, initial_state=S_hf, output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True)
+            assert S_out is S and S.data_ptr() == ptr
+            assert rel(o, o_hf) <= 1e-5
+    assert rel(S, S_hf) <= 1e-5
+    o_ref, S_ref = delta_ref(*(x.double() for x in (q, k, v, g, beta, S0)))
+    assert rel(S, S_ref) <= 1e-5
+
+
+def test_kda_packed_equals_each_sequence_alone():
+    gen = torch.Generator().manual_seed(9)
+    lengths = [3, 0, 70, 1]
+    q, k, v, g, beta, _ = delta_inputs(sum(lengths), gen, per_channel=True, B=1, HV=2)
+    S0 = torch.randn(len(lengths), 2, 8, 6, generator=gen, dtype=F64)
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    o, S = lt.chunk_kimi_delta_attention(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                         use_qk_l2norm_in_kernel=True, cu_seq_lens_q=cu)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        if a == b:
+            assert torch.equal(S[i], S0[i])
+            continue
+        o_i, S_i = delta_ref(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], S0[i:i + 1])
+        assert rel(o[:, a:b], o_i) <= 1e-10 and rel(S[i:i + 1], S_i) <= 1e-10
+
+
+# ------------------------------------------------------------------------------------------------ convolution
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("activation", ["silu", None])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_convolution_prefill_and_update(dtype, activation, with_bias):
+    """Prefill and one-token updates against HF's torch code (which keeps the dtype), the window in place."""
+    gen = torch.Generator().manual_seed(10)
+    C, K, L = 6, 4, 9
+    x = torch.randn(2, L + 3, C, generator=gen, dtype=dtype).transpose(1, 2)  # HF passes a transposed view
+    w = torch.randn(C, K, generator=gen, dtype=dtype)
+    b = torch.randn(C, generator=gen, dtype=dtype) if with_bias else None
+    tol = 1e-12 if dtype == F64 else 1e-5
+    y = lt.causal_conv1d_fn(x[..., :L], w, b, activation=activation)
+    assert y.shape == (2, C, L) and rel(y, hf(MAMBA, "causal_conv1d_fn")(x[..., :L], w, b, activation)) <= tol
+    window = x[..., L - K:L].contiguous()
+    hf_window = window.clone()
+    ptr = window.data_ptr()
+    with torch.no_grad():
+        for t in range(L, L + 3):
+            y_t = lt.causal_conv1d_update(x[..., t:t + 1], window, w, b, activation)
+            y_hf = hf(MAMBA, "causal_conv1d_update")(x[..., t:t + 1], hf_window, w, b, activation)
+            assert y_t.shape == (2, C, 1) and rel(y_t, y_hf) <= tol
+    assert window.data_ptr() == ptr and torch.equal(window, hf_window)
+    full = hf(MAMBA, "causal_conv1d_fn")(x, w, b, activation)
+    assert rel(y_t[..., 0], full[..., -1]) <= tol
+
+
+@pytest.mark.parametrize("packing", ["seq_idx", "cu_seq_lens_q"])
+def test_convolution_packed_equals_each_sequence_alone_and_grads(packing):
+    gen = torch.Generator().manual_seed(11)
+    lengths = [2, 7, 1, 5]
+    C, K, L = 5, 4, sum(lengths)
+    x = torch.randn(1, C, L, generator=gen, dtype=F64, requires_grad=True)
+    w = torch.randn(C, K, generator=gen, dtype=F64, requires_grad=True)
+    b = torch.randn(C, generator=gen, dtype=F64, requires_grad=True)
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    packed = cu if packing != "seq_idx" else torch.repeat_interleave(torch.arange(4), torch.tensor(lengths))[None]
+    y = lt.causal_conv1d_fn(x, w, b, "silu", **{packing: packed})
+    loss = (y * torch.arange(L, dtype=F64)).sum()
+    grads = torch.autograd.grad(loss, (x, w, b))
+    parts = [hf(MAMBA, "causal_conv1d_fn")(x[..., a:e], w, b, "silu") for a, e in zip(cu[:-1], cu[1:], strict=True)]
+    ref = torch.cat(parts, -1)
+    ref_grads = torch.autograd.grad((ref * torch.arange(L, dtype=F64)).sum(), (x, w, b))
+    assert rel(y, ref) <= 1e-12
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert rel(got, want) <= 1e-12
+    y32 = lt.causal_conv1d_fn(x.float(), w.float(), b.float(), "silu", **{packing: packed})  # the compiled pass
+    assert rel(y32, ref) <= 1e-5
