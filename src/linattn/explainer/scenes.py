@@ -301,10 +301,19 @@ def exercises() -> list[dict[str, Any]]:
 
 
 def lab_scene() -> dict[str, Any]:
-    """The lab's first four check names (its PASS lines) and its chunk sizes, from the lab itself."""
+    """What ``python3 lab.py`` prints, from running the lab itself at build time, and its chunk sizes."""
+    import contextlib
+    import io
+
     from linattn.explainer import lab_standalone
 
-    return {"checks": [name for name, _ in lab_standalone.CHECKS[:4]], "chunk_sizes": list(lab_standalone.CHUNK_SIZES)}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = lab_standalone.main([])
+    if status != 0:
+        raise RuntimeError("lab.py fails its own checks:\n" + out.getvalue())
+    return {"output": out.getvalue().splitlines(), "checks": [name for name, _ in lab_standalone.CHECKS],
+            "chunk_sizes": list(lab_standalone.CHUNK_SIZES)}
 
 
 def build_data() -> dict[str, Any]:

@@ -32,13 +32,15 @@ const zeros = (r, c) => Array.from({ length: r }, () => new Array(c).fill(0));
 
 // ------------------------------------------------------------------------------------------------ symbols
 // One colour per symbol, in formulas, diagrams and legends alike (the CSS holds the same values).
-const COLORS = { q: "#7b3fb5", k: "#1f6fb2", v: "#2e7d32", S: "#c2571a", z: "#9a6b00", gate: "#00838f", err: "#c62828", y: "#1d232b", other: "#5b6470" };
-const SYMBOL = /(?<![A-Za-z0-9])φ\([qk][ₜᵢ₀-₉]*\)|(?<![A-Za-z0-9])(?:[qkQK]̃|[qkvQKVSzαe])(?![A-Za-z0-9(])/g;
-const SYMCLASS = (t) => (t.startsWith("φ(q") || /^[qQ]/.test(t) ? "q" : t.startsWith("φ(k") || /^[kK]/.test(t) ? "k" : /^[vV]/.test(t) ? "v"
-  : t === "S" ? "S" : t === "z" ? "z" : t === "α" ? "gate" : "err");
-// Text with its symbols coloured: "S = αS + φ(k)vᵀ" -> spans.
-function fx(text, cls) {
-  const el = h("span", { class: cls || null });
+const COLORS = { q: "#7b3fb5", k: "#1f6fb2", v: "#2e7d32", S: "#c2571a", z: "#9a6b00", gate: "#00838f", err: "#c62828", y: "#ad1457",
+  A: "#455a64", other: "#5b6470" };
+// φ(q) / φ(Q) / q̃ / Q̃ are the query; bare Q is not (the devices scene's segment offset is Q), nor is A in prose.
+const SYMBOL = /(?<![A-Za-z0-9])φ\([qkQK][ₜᵢ₀-₉]*\)|(?<![A-Za-z0-9])(?:[qkQK]̃|[qkvKVSzαey])(?![A-Za-z0-9(])/g;
+const SYMCLASS = (t) => (t.startsWith("φ(q") || t.startsWith("φ(Q") || /^[qQ]/.test(t) ? "q" : t.startsWith("φ(k") || t.startsWith("φ(K") || /^[kK]/.test(t) ? "k"
+  : /^[vV]/.test(t) ? "v" : t === "S" ? "S" : t === "z" ? "z" : t === "α" ? "gate" : t === "y" ? "y" : "err");
+// Subscript words of the notation: S_prev -> S<sub>prev</sub> (never an underscore on screen).
+const SUBWORD = /_(prev|next|state|in|out|c)(?![A-Za-z0-9])/g;
+function fxPlain(el, text) {
   let last = 0;
   for (const m of text.matchAll(SYMBOL)) {
     if (m.index > last) el.append(text.slice(last, m.index));
@@ -46,27 +48,65 @@ function fx(text, cls) {
     last = m.index + m[0].length;
   }
   el.append(text.slice(last));
+}
+// Text with its symbols coloured and its notation typeset: "S = αS + φ(k)vᵀ" -> spans.
+function fx(text, cls) {
+  const el = h("span", { class: cls || null });
+  let last = 0;
+  for (const m of text.matchAll(SUBWORD)) {
+    fxPlain(el, text.slice(last, m.index));
+    el.append(h("sub", {}, m[1]));
+    last = m.index + m[0].length;
+  }
+  fxPlain(el, text.slice(last));
   return el;
 }
 const formula = (...lines) => h("div", { class: "formula" }, lines.map((l) => h("div", {}, typeof l === "string" ? fx(l) : l)));
 
 // ------------------------------------------------------------------------------------------------ motion
 const reduced = () => window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+// While a control is being dragged the picture follows at once: nothing restarts its entrance.
+let QUIET = false;
+function quietly(fn) { return (...args) => { QUIET = true; try { return fn(...args); } finally { QUIET = false; } }; }
 function anim(el, frames, opts) {
-  if (reduced() || !el || !el.animate) return null;
+  if (reduced() || QUIET || !el || !el.animate) return null;
   return el.animate(frames, Object.assign({ duration: 500, easing: "ease-out", fill: "backwards" }, opts || {}));
 }
 const enter = (el, delay) => anim(el, [{ opacity: 0, transform: "translateY(10px)" }, { opacity: 1, transform: "none" }], { duration: 450, delay: delay || 0 });
 const pulse = (el, color, delay) => anim(el, [{ backgroundColor: color, color: "#fff", transform: "scale(1.15)" }, {}], { duration: 650, delay: delay || 0 });
-// A dot that travels from one SVG point to another (a value flowing into the state), then disappears.
-function flow(svg, from, to, color, delay, label) {
-  if (reduced()) return;
-  const g = s("g", { class: "flow" }, s("circle", { cx: from[0], cy: from[1], r: 7, fill: color, opacity: 0.9 }),
-    label ? s("text", { x: from[0], y: from[1] - 10, "text-anchor": "middle", style: "fill:" + color }, label) : null);
+// A dot that carries a value along SVG waypoints (around other cards, never through them) and stays whole until it
+// lands; then it is removed and arrive() runs: that is when the target shows its new value. Under reduced motion, or
+// while a control is dragged, arrive() runs at once and nothing moves.
+function flow(svg, points, color, delay, label, arrive) {
+  if (reduced() || QUIET) { if (arrive) arrive(); return null; }
+  const [x0, y0] = points[0];
+  const g = s("g", { class: "flow" }, s("circle", { cx: x0, cy: y0, r: 8, fill: color }),
+    label ? s("text", { x: x0, y: y0 - 12, "text-anchor": "middle", class: "num", style: "fill:" + color }, label) : null);
   svg.append(g);
-  const a = anim(g, [{ transform: "translate(0,0)", opacity: 1 }, { transform: "translate(" + (to[0] - from[0]) + "px," + (to[1] - from[1]) + "px)", opacity: 0.2 }],
+  const frames = points.map(([x, y], i) => ({ transform: "translate(" + (x - x0) + "px," + (y - y0) + "px)", offset: i / (points.length - 1) }));
+  const a = g.animate(frames, { duration: 420 * (points.length - 1), delay: delay || 0, easing: "ease-in-out", fill: "both" });
+  a.onfinish = () => { g.remove(); if (arrive) arrive(); };
+  a.oncancel = () => g.remove();
+  return a;
+}
+// The same for HTML: a labelled dot from one element's centre to another's, inside a positioned container.
+function travel(container, from, to, color, delay, label, arrive) {
+  if (reduced() || QUIET || !from || !to) { if (arrive) arrive(); return null; }
+  const box0 = container.getBoundingClientRect(), a0 = from.getBoundingClientRect(), b0 = to.getBoundingClientRect();
+  const x = a0.left + a0.width / 2 - box0.left, y = a0.top + a0.height / 2 - box0.top;
+  const dx = b0.left + b0.width / 2 - box0.left - x, dy = b0.top + b0.height / 2 - box0.top - y;
+  const dot = h("span", { class: "traveller", style: "left:" + x + "px;top:" + y + "px;background:" + color }, label || "");
+  container.append(dot);
+  const a = dot.animate([{ transform: "translate(-50%,-50%)" }, { transform: "translate(calc(" + dx + "px - 50%),calc(" + dy + "px - 50%))" }],
     { duration: 650, delay: delay || 0, easing: "ease-in-out", fill: "both" });
-  if (a) a.onfinish = () => g.remove();
+  a.onfinish = () => { dot.remove(); if (arrive) arrive(); };
+  a.oncancel = () => dot.remove();
+  return a;
+}
+// Land a new value in a cell: the number changes now, and the cell flashes (no flash under reduced motion).
+function land(cell, text, color) {
+  cell.textContent = text;
+  anim(cell, [{ backgroundColor: color, color: "#fff" }, {}], { duration: 500 });
 }
 
 // ------------------------------------------------------------------------------------------------ widgets
@@ -86,25 +126,41 @@ function grid(rows, opts) {
   });
   return g;
 }
-function box(title, ...kids) { return h("div", { class: "box" }, h("h3", {}, typeof title === "string" ? fx(title) : title), ...kids); }
+// A titled card; runs of bar rows inside it share one grid, so their bars start at the same x.
+function box(title, ...kids) {
+  const out = [];
+  for (const kid of kids.flat()) {
+    if (kid && kid.classList && kid.classList.contains("barrow")) {
+      if (!(out.length && out[out.length - 1].classList && out[out.length - 1].classList.contains("bars"))) out.push(h("div", { class: "bars" }));
+      out[out.length - 1].append(kid);
+    } else out.push(kid);
+  }
+  return h("div", { class: "box" }, h("h3", {}, typeof title === "string" ? fx(title) : title), ...out);
+}
 function barRow(label, value, max, color, id) {
   const bar = h("span", { class: "bar", id: id || null, style: "width:" + Math.max(0.5, 100 * Math.abs(value) / max).toFixed(1) + "%;background:" + (color || COLORS.k) });
   anim(bar, [{ transform: "scaleX(0)" }, { transform: "scaleX(1)" }], { duration: 550 });
   return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, label), h("span", { class: "bartrack" }, bar), h("span", { class: "barval" }, fmt(value, 3)));
 }
 const scroll = (el) => h("div", { class: "scroll" }, el);
+// A table; on a narrow screen (CSS) each row becomes a list of "column: value" lines (data-label).
 function table(head, rows, opts) {
-  return scroll(h("table", { class: "data" + (opts && opts.text ? " text" : ""), id: (opts && opts.id) || null }, h("tr", {}, head.map((x) => h("th", {}, x))),
-    rows.map((r) => h("tr", { class: r.on ? "on" : null }, (r.cells || r).map((c) => h("td", {}, c instanceof Node ? c : typeof c === "number" ? fmt(c) : c))))));
+  const label = (x) => (x instanceof Node ? x.textContent : String(x));
+  return scroll(h("table", { class: "data kv" + (opts && opts.text ? " text" : ""), id: (opts && opts.id) || null }, h("thead", {}, h("tr", {}, head.map((x) => h("th", {}, x)))),
+    h("tbody", {}, rows.map((r) => h("tr", { class: r.on ? "on" : null }, (r.cells || r).map((c, i) => h("td", { "data-label": label(head[i] || "") }, c instanceof Node ? c : typeof c === "number" ? fmt(c) : c)))))));
 }
 // A line chart that scales with its box (viewBox); each series' legend entry is drawn in the series' colour.
+// Its width is the space it gets (read when drawn; the player redraws on resize), so 14 px text stays 14 px on a phone.
+const visualWidth = () => { const v = document.querySelector("#stage .visual"); return v && v.clientWidth ? v.clientWidth : 720; };
 function lineChart(series, opts) {
-  const cols = series.every((p) => p.label.length <= 20) ? 2 : 1;  // long legend labels get a row each
-  const W = opts.width || 720, H = opts.height || 330 + (cols === 1 ? 20 * series.length - 40 : 0), L = 84, R = 20, top = 16 + 24 * Math.ceil(series.length / cols), bottom = 44;
+  const W = opts.width || Math.round(Math.min(720, Math.max(300, visualWidth() - 4))), narrow = W < 560;
+  const cols = !narrow && series.every((p) => p.label.length <= 20) ? 2 : 1;  // long legend labels get a row each
+  const H = opts.height || (narrow ? 250 : 330) + (cols === 1 ? 24 * series.length - 40 : 0), L = narrow ? 64 : 84, R = 20, top = 16 + 24 * Math.ceil(series.length / cols), bottom = 44;
   const xs = series.flatMap((p) => p.points.map((q) => q[0])), ys = series.flatMap((p) => p.points.map((q) => q[1]));
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = opts.ymin !== undefined ? opts.ymin : Math.min(opts.logy ? Infinity : 0, ...ys), y1 = opts.ymax !== undefined ? opts.ymax : Math.max(...ys);
   // logy: a log10 axis, so that a flat line far below a growing one stays visible; out-of-range points are clamped.
-  const ty = (y) => (opts.logy ? Math.log10(y) : y), Y0 = ty(y0), Y1 = ty(y1);
+  // symlog: sign(y) log10(1 + |y|), for values of both signs that grow by factors (nothing is cut off).
+  const ty = (y) => (opts.logy ? Math.log10(y) : opts.symlog ? Math.sign(y) * Math.log10(1 + Math.abs(y)) : y), Y0 = ty(y0), Y1 = ty(y1);
   const X = (x) => L + (W - L - R) * (x - x0) / (x1 - x0 || 1), Y = (y) => H - bottom - (H - bottom - top) * (Math.min(Y1, Math.max(Y0, ty(y))) - Y0) / (Y1 - Y0 || 1);
   const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "chart", role: "img" });
   svg.append(s("line", { class: "axis", x1: L, y1: H - bottom, x2: W - R, y2: H - bottom }), s("line", { class: "axis", x1: L, y1: top, x2: L, y2: H - bottom }));

@@ -22,7 +22,8 @@ scene({ id: "intro", title: T("Linear attention: writing the history into a stat
       s("path", { d: "M584 110 L534 110", stroke: C.q, "stroke-width": 3, "marker-end": "" }), s("text", { x: 675, y: 116, "text-anchor": "middle", class: "big-svg" }, "→ y"));
     const lab = h("a", { id: "lab-download", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"));
     root.append(svg, h("p", {}, lab));
-    return () => toks.forEach((p, i) => { flow(svg, p, [455, 80], C.S, 200 + 250 * i); flow(svg, p, [455, 155], C.z, 300 + 250 * i); });
+    // Over the other cards, not through them.
+    return () => toks.forEach((p, i) => { flow(svg, [p, [p[0], 52], [380, 52], [455, 80]], C.S, 200 + 350 * i); flow(svg, [p, [p[0], 160], [p[0], 200], [370, 200], [455, 155]], C.z, 300 + 350 * i); });
   } });
 
 scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通注意力在读什么"),
@@ -157,6 +158,7 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     const cell = (key, x, y, label) => {
       const r = s("rect", { x, y, width: 74, height: 46, rx: 6, class: "cellsvg cell-" + key[0] }), t = s("text", { x: x + 37, y: y + 30, "text-anchor": "middle", class: "num" }, "0");
       svg.append(r, t, s("text", { x: x - 8, y: y + 30, "text-anchor": "end", class: "muted-svg" }, label));
+      t.setAttribute("id", "tokens-cell-" + key);
       cells[key] = { r, t, c: [x + 37, y + 23] };
     };
     svg.append(s("text", { x: G.S[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: G.z[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-z" }, "z"));
@@ -164,18 +166,29 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     const arrows = s("g", {}), note = s("text", { x: G.note[0], y: G.note[1], class: "num" }, ""), note2 = s("text", { x: G.note[0], y: G.note[1] + 26, class: "num" }, "");
     svg.append(arrows, note, note2);
     root.append(svg);
+    let gen = 0;  // a step's pending arrivals are void once another step is shown
     return (sub) => {
       const t = Math.min(sub, 3), S = t ? d.S[t - 1] : zeros(2, 1), z = t ? d.z[t - 1] : [0, 0];
-      const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0];
+      const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0], my = ++gen;
+      svg.querySelectorAll(".flow").forEach((g) => g.getAnimations().forEach((a) => a.cancel()));
       d.keys.forEach((_, i) => svg.getElementById("tok-card-" + i).setAttribute("class", "card" + (i === t - 1 && sub <= 3 ? " active" : "")));
-      [["S0", S[0][0], S0[0][0]], ["S1", S[1][0], S0[1][0]], ["z0", z[0], z0[0]], ["z1", z[1], z0[1]]].forEach(([key, x, before]) => {
-        cells[key].t.textContent = fmt(x);
-        if (sub >= 1 && sub <= 3 && x !== before) anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 600, delay: 550 });
-      });
+      const writing = sub >= 1 && sub <= 3;
+      // A cell keeps its old number until the token's contribution reaches it.
+      const value = { S0: [S[0][0], S0[0][0]], S1: [S[1][0], S0[1][0]], z0: [z[0], z0[0]], z1: [z[1], z0[1]] };
+      Object.entries(value).forEach(([key, [x, before]]) => { cells[key].t.textContent = fmt(writing ? before : x); });
+      const landAt = (key) => () => {
+        if (my !== gen) return;
+        if (--pending === 0) spell();
+        cells[key].t.textContent = fmt(value[key][0]);
+        anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 500 });
+      };
       const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
       const write = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) : "";
-      note.textContent = write ? write + (narrow ? "" : "  →  " + now) : sub === 4 ? now : "S₀ = 0, z₀ = 0";
-      note2.textContent = write && narrow ? "→  " + now : "";
+      // The new state is spelled out once every contribution has landed.
+      const spell = () => { note.textContent = write ? write + (narrow ? "" : "  →  " + now) : sub === 4 ? now : "S₀ = 0, z₀ = 0"; note2.textContent = write && narrow ? "→  " + now : ""; };
+      note.textContent = write || (sub === 4 ? now : "S₀ = 0, z₀ = 0"); note2.textContent = "";
+      let pending = writing ? 4 : 0;
+      if (!writing) spell();
       arrows.replaceChildren();
       if (sub >= 1 && sub <= 3) {  // where this token writes: φ(k)vᵀ into S, φ(k) into z (drawn still, animated too)
         const [x, y] = G.card(t - 1), m = x + G.cw / 2;
@@ -191,7 +204,14 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
           arrows.append(s("path", { d: `M${m} ${y + 84} C ${m} 185, ${zx} 200, ${zx} 158`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }),
             s("text", { x: 400, y: 44, "text-anchor": "middle", class: "sym-S" }, "φ(k)vᵀ"), s("text", { x: zx + 44, y: 185, class: "sym-z" }, "φ(k)"));
         }
-        d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, [m, y + 60], cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, [m, y + 60], cells["z" + i].c, C.z, 100 + 60 * i); } });
+        // φ(k)ᵢ·v travels to S's row i, φ(k)ᵢ to z's entry i: around the other cards (over them on a wide screen).
+        d.keys[t - 1].forEach((kv, i) => {
+          const Sc = cells["S" + i].c, zc = cells["z" + i].c, from = [m, y + 60];
+          const viaS = narrow ? [from, [m, y + 100], [Sc[0], y + 100], Sc] : [from, [m, 26], [420, 26], [420, Sc[1]], Sc];
+          const viaZ = narrow ? [from, [m, y + 100], [zc[0], y + 100], zc] : [from, [m, 178], [560, 178], [560, zc[1]], zc];
+          if (kv) { flow(svg, viaS, C.S, 250 * i, fmt(kv * d.values[t - 1]), landAt("S" + i)); flow(svg, viaZ, C.z, 120 + 250 * i, fmt(kv), landAt("z" + i)); }
+          else { landAt("S" + i)(); landAt("z" + i)(); }
+        });
       }
     };
   } });
@@ -205,16 +225,32 @@ scene({ id: "read", title: T("A query reads numerator and denominator together",
   build(root) {
     const d = DATA.tokens, view = h("div", {});
     root.append(view);
+    let gen = 0;
     return (sub) => {
-      const S = d.S[2].map((r) => r[0]), z = d.z[2], q = d.query;
+      const S = d.S[2].map((r) => r[0]), z = d.z[2], q = d.query, my = ++gen;
+      root.querySelectorAll(".traveller").forEach((el) => el.getAnimations().forEach((a) => a.cancel()));
+      // φ(q)ᵀS: φ(q) is a row, S a column (one row per feature); qᵢ scales S's row i, the products sum to the numerator.
+      const qg = grid([q], { sym: "q", colHeads: ["φ₁", "φ₂"] });
+      const Sg = grid(S.map((x) => [x]), { sym: "S", rowHeads: ["φ₁", "φ₂"] }), zg = grid(z.map((x) => [x]), { sym: "z", rowHeads: ["φ₁", "φ₂"] });
       const prod = (a, b) => a.map((x, i) => fmt(x) + " × " + fmt(b[i])).join(" + ");
-      const numB = box(ui("num") + "  φ(q)ᵀS", h("div", { class: "big", id: "read-num" }, prod(q, S) + " = " + fmt(d.num)));
-      const denB = box(ui("den") + "  φ(q)ᵀz", h("div", { class: "big", id: "read-den" }, prod(q, z) + " = " + fmt(d.den)));
-      put(view, h("div", { class: "row" }, box("φ(q)", grid([q], { sym: "q" })), box("S", grid([S], { sym: "S" })), box("z", grid([z], { sym: "z" }))),
+      const numV = h("div", { class: "big", id: "read-num" }, prod(q, S) + " = " + (sub >= 1 ? "…" : ""));
+      const denV = h("div", { class: "big", id: "read-den" }, prod(q, z) + " = " + (sub >= 1 ? "…" : ""));
+      const numB = box(ui("num") + "  φ(q)ᵀS", numV), denB = box(ui("den") + "  φ(q)ᵀz", denV);
+      put(view, h("div", { class: "row" }, box("φ(q)", qg), box("S", Sg), box("z", zg)),
         sub >= 1 ? h("div", { class: "row" }, numB, denB) : null,
-        sub === 2 ? h("div", { class: "big result", id: "read-y" }, "y = 17/6 ≈ " + fmt(d.y_final, 4)) : null);
-      if (sub === 1) { enter(numB, 0); enter(denB, 200); }
-      if (sub === 2) enter(view.querySelector("#read-y"), 0);
+        sub === 2 ? h("div", { class: "big result sym-y", id: "read-y" }, "y = 17/6 ≈ " + fmt(d.y_final, 4)) : null);
+      if (sub === 0) return;
+      const cellsOf = (g) => [...g.querySelectorAll(".cell:not(.head)")];
+      const [q1, q2] = cellsOf(qg), Sc = cellsOf(Sg), zc = cellsOf(zg);
+      if (sub === 2) { numV.textContent = prod(q, S) + " = " + fmt(d.num); denV.textContent = prod(q, z) + " = " + fmt(d.den); enter(view.querySelector("#read-y"), 0); return; }
+      // Each qᵢ goes to row i of S and of z; each product then goes into its sum, which shows its total when both are in.
+      let inNum = 0, inDen = 0;
+      const sumNum = () => { if (my === gen && ++inNum === 2) land(numV, prod(q, S) + " = " + fmt(d.num), C.q); };
+      const sumDen = () => { if (my === gen && ++inDen === 2) land(denV, prod(q, z) + " = " + fmt(d.den), C.q); };
+      [q1, q2].forEach((qc, i) => {
+        travel(root, qc, Sc[i], C.q, 350 * i, "×" + fmt(q[i]), () => my === gen && travel(root, Sc[i], numV, C.S, 0, fmt(q[i] * S[i]), sumNum));
+        travel(root, qc, zc[i], C.q, 150 + 350 * i, "×" + fmt(q[i]), () => my === gen && travel(root, zc[i], denV, C.z, 0, fmt(q[i] * z[i]), sumDen));
+      });
     };
   } });
 
@@ -688,10 +724,14 @@ scene({ id: "lab", title: T("Hands-on: three orders of computation, one output",
   build(root) {
     const d = DATA.lab;
     const pre = h("pre", { id: "lab-commands" }, "python3 -m pip install numpy\npython3 lab.py\npython3 lab.py --seed 7\npython3 lab.py --chunk-size 3");
-    const out = h("pre", { id: "lab-output" }, d.checks.map((c) => h("span", { class: "codeline" }, c + ": ", h("span", { class: "pass" }, "PASS"), "\n")));
+    // The lab's own output (python3 lab.py, seed 0), captured when this page was built.
+    const out = h("pre", { id: "lab-output" }, h("span", { class: "codeline muted" }, "$ python3 lab.py\n"), d.output.map((line) => {
+      const m = /^(.*?: )(PASS|FAIL)(.*)$/.exec(line);
+      return h("span", { class: "codeline" }, m ? [m[1], h("span", { class: m[2] === "PASS" ? "pass" : "error" }, m[2]), m[3]] : line, "\n");
+    }));
     root.append(pre, out, h("p", {}, h("a", { id: "lab-download-2", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"))),
       h("p", { class: "muted" }, tr(T("Default chunk sizes of the chunk check: ", "分块检查默认的块大小：")) + d.chunk_sizes.join(", ")));
-    return () => out.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0, transform: "translateX(-12px)" }, { opacity: 1, transform: "none" }], { duration: 350, delay: 150 * i }));
+    return () => out.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0 }, { opacity: 1 }], { duration: 250, delay: 90 * i }));
   } });
 
 scene({ id: "playground", title: T("Playground", "试验场"),
