@@ -175,7 +175,7 @@ function lineChart(series, opts) {
     svg.append(path);
     if (ser.dots) ser.points.forEach((p) => { if (p[1] >= y0 && p[1] <= y1) svg.append(s("circle", { cx: X(p[0]), cy: Y(p[1]), r: 4, fill: ser.color })); });
     anim(path, [{ opacity: 0 }, { opacity: 1 }], { duration: 500, delay: 120 * n });
-    const lx = L + 10 + (n % cols) * (W - L - R) / 2, ly = 18 + 24 * Math.floor(n / cols);
+    const lx = (narrow ? 8 : L + 10) + (n % cols) * (W - L - R) / 2, ly = 18 + 24 * Math.floor(n / cols);
     svg.append(s("line", { x1: lx, x2: lx + 26, y1: ly - 4, y2: ly - 4, stroke: ser.color, "stroke-width": 3, "stroke-dasharray": ser.dash || null }),
       s("text", { x: lx + 32, y: ly, "data-legend": n, style: "fill:" + ser.color, class: "legend" }, ser.label));
   });
@@ -185,15 +185,28 @@ function lineChart(series, opts) {
   });
   return svg;
 }
-// Parse a learner's answer: a decimal or a fraction such as 17/6.
-function parseNumber(text) {
-  const t = String(text).trim().replace(/[−–]/g, "-").replace(/[，,]$/, "");
-  const m = /^(-?\d+(?:\.\d+)?)\s*\/\s*(-?\d+(?:\.\d+)?)$/.exec(t);
-  if (m) return Number(m[2]) === 0 ? NaN : Number(m[1]) / Number(m[2]);
-  return /^-?(\d+\.?\d*|\.\d+)(e-?\d+)?$/i.test(t) ? Number(t) : NaN;
+// A learner's answer: an integer, a decimal or a fraction such as 17/6, typed on any keyboard. NFKC folds full-width
+// digits and slashes from a Chinese IME ("１７／６") into ASCII. Returns { value, exact, sig, decimals } or null.
+function parseAnswer(text) {
+  const t = String(text).normalize("NFKC").trim().replace(/[−–—]/g, "-").replace(/[。.,，、;；]+$/, "").replace(/\s+/g, "");
+  const frac = /^(-?\d+)\/(-?\d+)$/.exec(t);
+  if (frac) return Number(frac[2]) === 0 ? null : { value: Number(frac[1]) / Number(frac[2]), num: Number(frac[1]), den: Number(frac[2]), exact: true };
+  const dec = /^-?(\d*)(?:\.(\d*))?$/.exec(t);
+  if (!dec || !(dec[1] + (dec[2] || "")).length) return null;
+  const digits = (dec[1] + (dec[2] || "")).replace(/^0+/, "");
+  return { value: Number(t), exact: !dec[2], sig: digits.length, decimals: (dec[2] || "").length };
 }
-const close = (got, want) => Number.isFinite(got) && Math.abs(got - want) <= 0.005 * Math.max(1, Math.abs(want));
-
+// Right when it is the number: a fraction equal to want's (cross-multiplied), an exact match, or a decimal that agrees
+// with want to every digit typed (rounded or cut off), with at least 4 significant digits: 2.8333 is 17/6, 6.7 is not
+// 74/11. want: { value, num, den }.
+function matches(got, want) {
+  if (!got || !Number.isFinite(got.value)) return false;
+  if (got.num !== undefined && want.den) return got.num * want.den === want.num * got.den;
+  if (Math.abs(got.value - want.value) <= 1e-12 * Math.max(1, Math.abs(want.value))) return true;
+  return got.sig >= 4 && Math.abs(got.value - want.value) < Math.pow(10, -got.decimals);
+}
+// Close but too short: the digits typed agree with want, only too few of them.
+const tooShort = (got, want) => got && got.num === undefined && got.sig < 4 && Math.abs(got.value - want.value) < Math.pow(10, -got.decimals);
 // ------------------------------------------------------------------------------------------------ words
 const T = (en, zh) => ({ en, zh });
 let LANG = "en";
@@ -201,6 +214,7 @@ const tr = (x) => (typeof x === "string" ? x : x[LANG]);
 const UI = {
   show: T("Show worked solution", "展开参考解答"), check: T("Check", "检查"), right: T("Correct.", "正确。"),
   wrong: T("Not yet: compare with the worked solution.", "还不对：对照参考解答再算一遍。"), blank: T("Enter a number (a fraction such as 17/6 works).", "请输入一个数（也可以写分数，如 17/6）。"),
+  short: T("Close, but give the exact fraction or at least 4 significant digits: several answers round to that.", "接近了，但请写出精确分数，或至少 4 位有效数字：好几个答案都会四舍五入成这个数。"),
   lab: T("Download lab.py (NumPy only)", "下载 lab.py（只需 NumPy）"), token: T("token", "词元"), num: T("numerator", "分子"),
   den: T("denominator", "分母"), out: T("output", "输出"), exact: T("exact", "精确值"), chunk: T("chunk size", "块大小"),
   read: T("read from the carried state", "从携带的状态读出"), own: T("own chunk (masked)", "块内部分（带掩码）"),

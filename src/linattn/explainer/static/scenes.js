@@ -3,6 +3,8 @@
 const SCENES = [];
 const scene = (def) => SCENES.push(def);
 const C = COLORS;
+// The recall tool's mechanism names, in the page's words (its gate is α here as everywhere on the page).
+const mechName = (m) => m.replace(/^gated a=/, tr(T("gated α = ", "门控 α = "))).replace(/^accumulate$/, tr(T("accumulate", "累加")));
 
 scene({ id: "intro", title: T("Linear attention: writing the history into a state", "线性注意力：把历史写进状态"),
   text: [T("Instead of rereading every cached key and value for each new token, can a model keep a running notebook that any query can consult at once? Step with → and ←, drag the timeline, or open a link such as #step=12. Every number in the scripted scenes was computed in float64 by linattn's reference when this page was built.",
@@ -49,7 +51,7 @@ scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通�
           const e = logits.map((l) => Math.exp(l - top)), sum = e.reduce((a, b) => a + b, 0), w = e.map((x) => x / sum);
           put(out, bars(q, w, w.reduce((a, x, i) => a + x * d.values[i], 0)));
         };
-        angle.addEventListener("input", draw);
+        angle.addEventListener("input", quietly(draw));
         view.append(h("label", { class: "control" }, fx("q ∠ "), angle), out);
         draw();
       } else {
@@ -100,11 +102,11 @@ scene({ id: "dense", title: T("Which attention are we reordering?", "先确认�
     root.append(view);
     return (sub) => {
       const A = d.A.map((row, i) => row.map((x, j) => (d.mask[i][j] ? x : "")));
-      const g = grid(A, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "k" });
+      const g = grid(A, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "A" });
       g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c, n) => enter(c, 60 * n));
-      put(view, formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box("A", g),
+      put(view, formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box(h("span", { class: "sym sym-A" }, "A"), g),
         box("AV", grid(d.AV.map((x) => [x]), { sym: "v" })), box("rowsum(A)", grid(d.rowsum.map((x) => [x]))),
-        box("Y", grid(d.Y.map((x) => [fmt(x, 4)]))), sub === 1 ? box(tr(T("token loop", "逐词元循环")), grid(d.loop_y.map((x) => [fmt(x, 4)]))) : null));
+        box(h("span", { class: "sym sym-y" }, "Y"), grid(d.Y.map((x) => [fmt(x, 4)]), { sym: "y" })), sub === 1 ? box(tr(T("token loop", "逐词元循环")), grid(d.loop_y.map((x) => [fmt(x, 4)]), { sym: "y" })) : null));
       if (sub === 1) view.append(formula("yₜᵀ = q̃ₜᵀ Sₜ / q̃ₜᵀ zₜ"));
     };
   } });
@@ -128,7 +130,7 @@ scene({ id: "matrix", title: T("With 2-d values the state really is a matrix", "
       } else {
         view.append(h("div", { class: "row" }, box("S", grid(d.S, { sym: "S" })), box("z", grid([d.z], { sym: "z" })),
           box("q̃ = " + vec(d.query), h("div", {}, fx("q̃ᵀS = " + vec(d.num))), h("div", {}, fx("q̃ᵀz = " + fmt(d.den))),
-            h("div", { class: "big", id: "matrix-y" }, "y = [8/3, 5/3] ≈ " + vec(d.y, 4))),
+            h("div", { class: "big sym-y", id: "matrix-y" }, "y = [8/3, 5/3] ≈ " + vec(d.y, 4))),
           box(tr(T("term by term", "逐项")), barRow(fx("q̃ᵀk̃₁ = " + fmt(d.scores[0])), d.weights[0], 1, C.k), barRow(fx("q̃ᵀk̃₂ = " + fmt(d.scores[1])), d.weights[1], 1, C.k),
             h("div", { class: "muted" }, tr(T("weights ", "权重 ")) + "2/3, 1/3"))));
       }
@@ -259,13 +261,13 @@ scene({ id: "whyz", title: T("Without z the output grows with repetition", "没�
     "把同一对键值重复 m 次：每次相似度都是 a > 0，值为 v。分子 m·a·v，分母 m·a，所以无论 m 多大 y = v。只保留分子时输出是 m·a·v：历史翻倍，输出也翻倍。这里 φ(k) = [1, 1]，v = 3，φ(q) = [2, 1]，所以 a = 3。一些现代线性模型用别的归一化、门控或输出 norm，没有 z：它们是另外定义明确的模型，不要混用公式。")],
   build(root) {
     const d = DATA.whyz, out = h("div", {});
-    const slider = h("input", { type: "range", id: "whyz-m", min: 1, max: d.rows.length, value: 3, oninput: () => draw() });
+    const slider = h("input", { type: "range", id: "whyz-m", min: 1, max: d.rows.length, value: 3, oninput: quietly(() => draw()) });
     const label = h("output", { id: "whyz-m-value" }, "3");
     root.append(h("label", { class: "control" }, "m = ", slider, " ", label), out);
     const draw = () => {
       const m = Number(slider.value), max = d.rows[d.rows.length - 1].unnormalized, row = d.rows[m - 1];
       label.textContent = String(m);
-      put(out, box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max, C.z), barRow(tr(T("numerator only", "只有分子")), row.unnormalized, max, C.err)));
+      put(out, box("m = " + m, barRow(fx(tr(T("y with z", "有 z 的 y"))), row.normalized, max, C.y), barRow(fx(tr(T("y, numerator only", "只有分子的 y"))), row.unnormalized, max, C.err)));
     };
     return draw;
   } });
@@ -285,13 +287,13 @@ scene({ id: "eps", title: T("ε guards the division, and changes small denominat
         const c = d.case, max = 2;
         view.append(formula("y = " + tr(T("numerator", "分子")) + " / (" + tr(T("denominator", "分母")) + " + ε)"),
           box(ui("num") + " = " + fmt(c.num) + ", " + ui("den") + " = " + fmt(c.den) + ", " + ui("exact") + " = 2",
-            ...c.reads.map((r) => barRow("ε = " + fmt(r.eps) + " " + r.mode, r.y, max, r.mode === "add" ? C.err : C.other, "eps-" + r.mode + "-" + r.eps)),
+            ...c.reads.map((r) => barRow("ε = " + fmt(r.eps) + " " + tr(r.mode === "add" ? T("add", "加上") : T("clamp", "截断")), r.y, max, r.mode === "add" ? C.err : C.other, "eps-" + r.mode + "-" + r.eps)),
             h("div", { class: "big", id: "eps-case" }, "ε = 1e-6: " + fmt(c.reads[0].y, 5) + "; ε = 1e-8: " + fmt(c.reads[2].y, 5))));
       } else {
         const tbl = h("div", {});
         const draw = (eps) => {
           const rows = d.rows.map((r) => (eps === d.eps ? r : { den: r.den, add: read(r.den, eps, "add"), clamp: read(r.den, eps, "clamp") }));
-          put(tbl, table(["d = q·z", "add: d + ε", "clamp: max(d, ε)", ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
+          put(tbl, table(["d = q·z", tr(T("add: d + ε", "加上：d + ε")), tr(T("clamp: max(d, ε)", "截断：max(d, ε)")), ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
         };
         const choice = h("select", { id: "eps-choice", onchange: (e) => draw(Number(e.target.value)) }, [1e-3, d.eps, 1e-9, 1e-12].map((x) => h("option", { value: x, selected: x === d.eps }, fmt(x))));
         view.append(h("label", { class: "control" }, "ε = ", choice), tbl);
@@ -331,12 +333,14 @@ scene({ id: "memory", title: T("A fixed-size state need not be small", "固定�
       "B 个请求、L 层、H 个状态头；每个头保存 r × dv 的 S 和 r 维的 z：M_state = B × L × H × (r·dv + r) × b 字节。单请求、32 层、16 个头、r = dv = 128、float32 状态：512 × (16384 + 128) × 4 = 33,816,576 字节 = 32.25 MiB，与历史长度无关。短卷积的状态、门控缓存或 full-attention 层要另外加上。可以修改下面的数值：页面使用与 linattn.memory 相同的公式。")],
   build(root) {
     const d = DATA.memory, inp = Object.assign({}, d.inputs), out = h("div", {});
-    const field = (key) => h("label", { class: "control" }, key + " ", h("input", { type: "number", min: 1, step: 1, value: inp[key], id: "mem-" + key, oninput: (e) => {
+    const NAMES = { B: T("B requests", "B 请求数"), L: T("L layers", "L 层数"), H: T("H heads", "H 头数"), r: T("r features", "r 特征数"), dv: T("dv", "dv 值维度"),
+      state_dtype: T("state dtype", "状态 dtype"), kv_heads: T("KV heads", "KV 头数"), head_dim: T("head dim", "头维度"), kv_dtype: T("KV dtype", "KV dtype") };
+    const field = (key) => h("label", { class: "control" }, tr(NAMES[key]) + " ", h("input", { type: "number", min: 1, step: 1, value: inp[key], id: "mem-" + key, oninput: (e) => {
       const x = Math.floor(Number(e.target.value));
       e.target.classList.toggle("bad", !(x >= 1));  // an empty or zero field computes nothing
       if (x >= 1) { inp[key] = x; draw(); }
     } }));
-    const dsel = (key) => h("label", { class: "control" }, key + " ", h("select", { id: "mem-" + key, onchange: (e) => { inp[key] = e.target.value; draw(); } },
+    const dsel = (key) => h("label", { class: "control" }, tr(NAMES[key]) + " ", h("select", { id: "mem-" + key, onchange: (e) => { inp[key] = e.target.value; draw(); } },
       Object.keys(d.dtype_bytes).map((n) => h("option", { value: n, selected: n === inp[key] }, n))));
     root.append(h("div", { class: "controls" }, ["B", "L", "H", "r", "dv"].map(field), dsel("state_dtype")), h("div", { class: "controls" }, ["kv_heads", "head_dim"].map(field), dsel("kv_dtype")), out);
     const draw = () => {
@@ -344,8 +348,8 @@ scene({ id: "memory", title: T("A fixed-size state need not be small", "固定�
       const N = (key) => BigInt(inp[key]), b = BigInt(d.dtype_bytes[inp.state_dtype]), kb = BigInt(d.dtype_bytes[inp.kv_dtype]);
       const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb, total = N("B") * N("L") * N("H") * perHead;
       const mib = Number(total) / 1048576;
-      put(out, h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes"), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
-        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B"), h("div", {}, "KV " + bytes(kvTok) + tr(T(" B per token", " B/词元"))),
+      put(out, h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + tr(T(" bytes", " 字节"))), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
+        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + tr(T(" B", " 字节"))), h("div", {}, "KV " + bytes(kvTok) + tr(T(" B per token", " 字节/词元"))),
           h("div", { class: "big", id: "mem-cross" }, "T = " + bytes((perHead + kvTok - 1n) / kvTok)))));
     };
     draw();
@@ -379,41 +383,46 @@ scene({ id: "gates", title: T("A gate: let old memories fade", "加一个门：�
     T("An old token's weight is the product of every gate after it: token i at time t carries αᵢ₊₁⋯αₜ. Smaller α forgets faster, α near 1 keeps longer. Modern gated models use vector gates, other normalizations and richer updates.",
       "旧词元的权重是它之后所有门值的乘积：词元 i 在时刻 t 的权重是 αᵢ₊₁⋯αₜ。α 越小遗忘越快，接近 1 则保留更久。现代门控模型还会用向量门、不同的归一化和更复杂的状态更新。")],
   build(root) {
-    const d = DATA.gates, view = h("div", {});
-    root.append(view);
+    const d = DATA.gates;
+    // The slider is built once and never moved (a rebuilt slider drops the drag); only the picture below redraws.
     const slider = h("input", { type: "range", id: "gate-alpha", min: 0, max: 1, step: 0.05, value: 0.5 }), shown = h("output", { id: "gate-alpha-value" }, "0.5");
-    let sub = 0;
-    const draw = () => {
+    const head = h("div", {}), view = h("div", {});
+    root.append(head, h("label", { class: "control" }, fx("α = "), slider, " ", shown), view);
+    let sub = -1;
+    const draw = (entering) => {
       const a = Number(slider.value);
       shown.textContent = fmt(a);
       // At the scripted α the numbers are the reference's; another α is the page's engine.
       const res = a === d.alpha[0] ? d : run({ rule: "gated", q: [1], k: [[1], [1], [1]], v: d.values.map((x) => [x]), alpha: [a, a, a], eps: 0 });
-      const S = res.S.map((m) => m[0][0]), z = res.z.map((x) => x[0]), max = Math.max(16, ...S);
+      const S = res.S.map((m) => m[0][0]), z = res.z.map((x) => x[0]), max = 16;
       if (sub === 0) {
         const rows = S.map((x, t) => {
-          const prev = t ? S[t - 1] : 0, shrunk = a * prev;
-          const bar = h("span", { class: "bar", style: "background:" + C.S + ";width:" + (100 * x / max).toFixed(1) + "%" });
-          // The old state shrinks to αS, then the write adds on top.
-          anim(bar, [{ width: (100 * prev / max).toFixed(1) + "%" }, { width: (100 * shrunk / max).toFixed(1) + "%", offset: 0.45 }, { width: (100 * x / max).toFixed(1) + "%" }], { duration: 700, delay: 250 * t });
-          return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, "t" + (t + 1) + ": " + (t ? fmt(a) + "×" + fmt(prev) + " + " + d.values[t] : d.values[t])), h("span", { class: "bartrack" }, bar),
+          const prev = t ? S[t - 1] : 0, shrunk = a * prev, pc = (y) => (100 * y / max).toFixed(1) + "%";
+          const bar = h("span", { class: "bar", style: "background:" + C.S + ";width:" + pc(x) });
+          // The old state shrinks to αS first, then the write adds on top (only when the step is entered).
+          if (entering) anim(bar, [{ width: pc(prev) }, { width: pc(prev), offset: 0.2 }, { width: pc(shrunk), offset: 0.55 }, { width: pc(x) }], { duration: 1400, delay: 700 * t, easing: "ease-in-out" });
+          return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, fx("t" + (t + 1) + ": " + (t ? "α·" + fmt(prev) + " + " + d.values[t] : String(d.values[t])))), h("span", { class: "bartrack" }, bar),
             h("span", { class: "barval" }, h("span", { class: "sym-S" }, "S=" + fmt(x)), "  ", h("span", { class: "sym-z" }, "z=" + fmt(z[t]))));
         });
-        put(view, formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
+        put(view, box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
           h("div", { class: "big", id: "gate-seq" }, "S: " + S.map((x) => fmt(x)).join(" → ") + "; z: " + z.map((x) => fmt(x)).join(" → ")));
       } else {
         const w = [0, 1, 2].map((t) => [0, 1, 2].map((i) => (i <= t ? Math.pow(a, t - i) : "")));
         const g = grid(w, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "gate" });
         g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c) => { const x = Number(c.textContent); c.style.background = "rgba(0,131,143," + (0.12 + 0.6 * x).toFixed(2) + ")"; });
-        put(view, formula(tr(T("weight(i, t) = αᵢ₊₁ ⋯ αₜ", "权重(i, t) = αᵢ₊₁ ⋯ αₜ"))), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
+        put(view, box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
       }
     };
-    slider.addEventListener("input", draw);
-    return (n) => { sub = n; draw(); };
+    slider.addEventListener("input", quietly(() => draw(false)));
+    return (n) => {
+      if (n !== sub) put(head, n === 0 ? formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)") : formula(tr(T("weight(i, t) = αᵢ₊₁ ⋯ αₜ", "权重(i, t) = αᵢ₊₁ ⋯ αₜ"))));
+      sub = n; draw(true);
+    };
   } });
 
 scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan", "门控递推为什么能做并行扫描"),
-  text: [T("Write one update as an affine map f(S) = aS + B with B = k̃vᵀ. Two neighbours merge into one: f₂(f₁(S)) = a₂(a₁S + B₁) + B₂ = (a₂a₁)S + (a₂B₁ + B₂), so (a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂).",
-      "把一次更新写成仿射变换 f(S) = aS + B，其中 B = k̃vᵀ。相邻两步可以合成一步：f₂(f₁(S)) = a₂(a₁S + B₁) + B₂ = (a₂a₁)S + (a₂B₁ + B₂)，即 (a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)。"),
+  text: [T("Write one update as an affine map f(S) = αS + B with B = k̃vᵀ. Two neighbours merge into one: f₂(f₁(S)) = α₂(α₁S + B₁) + B₂ = (α₂α₁)S + (α₂B₁ + B₂), so (α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂).",
+      "把一次更新写成仿射变换 f(S) = αS + B，其中 B = k̃vᵀ。相邻两步可以合成一步：f₂(f₁(S)) = α₂(α₁S + B₁) + B₂ = (α₂α₁)S + (α₂B₁ + B₂)，即 (α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂)。"),
     T("Composition is associative, so a tree merges the pairs and yields every prefix, not only the root: each token's state comes out. Four tokens, α = 0.5, writes 2, 4, 8, 16; the prefixes equal the token loop.",
       "函数复合满足结合律，所以可以树形合并，并求出每个前缀，而不只是根：每个词元的状态都能得到。四个词元，α = 0.5，写入 2、4、8、16；各前缀等于逐词元循环。"),
     T("Order matters: a later gate decays earlier writes, so the two maps cannot be swapped. z composes the same way with B replaced by k̃. A scan shortens the dependency chain; the traffic of intermediate states and the matrix sizes still decide the speed.",
@@ -424,7 +433,7 @@ scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan"
     const pair = (p) => "(" + fmt(p.a) + ", " + fmt(p.B) + ")";
     return (sub) => {
       put(view, );
-      if (sub === 0) { view.append(formula("f₂(f₁(S)) = a₂(a₁S + B₁) + B₂", "= (a₂a₁) S + (a₂B₁ + B₂)", "(a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
+      if (sub === 0) { view.append(formula("f₂(f₁(S)) = α₂(α₁S + B₁) + B₂", "= (α₂α₁) S + (α₂B₁ + B₂)", "(α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
       if (sub === 1) {
         const svg = s("svg", { viewBox: "0 0 720 300", class: "diagram", role: "img", id: "scan-tree" });
         const node = (x, y, p, label, cls, delay) => {
@@ -437,10 +446,10 @@ scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan"
         xs.forEach((x, i) => node(x, 196, sc.leaves[i], tr(UI.token) + " " + (i + 1), "card", 0));
         node(180, 106, sc.level1[0], "2∘1", "card", 250); node(540, 106, sc.level1[1], "4∘3", "card", 250); node(360, 20, sc.root, "(4∘3)∘(2∘1)", "card", 500);
         svg.append(s("text", { x: 360, y: 272, "text-anchor": "middle" }, tr(T("prefix 3 = token 3 ∘ (2∘1)", "前缀 3 = 词元 3 ∘ (2∘1)"))));
-        view.append(svg, table([tr(T("prefix", "前缀")), "(a, B)", tr(T("token loop S", "逐词元循环 S"))], sc.prefixes.map((p, t) => ["1…" + (t + 1), pair(p), fmt(sc.loop_prefix_S[t])]), { id: "scan-prefixes" }));
+        view.append(svg, table([tr(T("prefix", "前缀")), "(α, B)", tr(T("token loop S", "逐词元循环 S"))], sc.prefixes.map((p, t) => ["1…" + (t + 1), pair(p), fmt(sc.loop_prefix_S[t])]), { id: "scan-prefixes" }));
       } else {
-        view.append(h("div", { class: "row" }, box("(a₂, B₂) ∘ (a₁, B₁)", h("div", { class: "big" }, pair(sc.level1[0])), h("div", { class: "muted" }, tr(T("token 2 after token 1: the loop's S₂ = ", "词元 2 在词元 1 之后：循环的 S₂ = ")) + fmt(sc.loop_prefix_S[1]))),
-          box("(a₁, B₁) ∘ (a₂, B₂)", h("div", { class: "big sym-err" }, pair(sc.swapped)), h("div", { class: "muted" }, tr(T("swapped: a different state", "交换顺序：得到不同的状态")))),
+        view.append(h("div", { class: "row" }, box("(α₂, B₂) ∘ (α₁, B₁)", h("div", { class: "big" }, pair(sc.level1[0])), h("div", { class: "muted" }, tr(T("token 2 after token 1: the loop's S₂ = ", "词元 2 在词元 1 之后：循环的 S₂ = ")) + fmt(sc.loop_prefix_S[1]))),
+          box("(α₁, B₁) ∘ (α₂, B₂)", h("div", { class: "big sym-err" }, pair(sc.swapped)), h("div", { class: "muted" }, tr(T("swapped: a different state", "交换顺序：得到不同的状态")))),
           box(tr(T("z, with B = k̃ = 1", "z，B = k̃ = 1")), h("div", { class: "big sym-z" }, pair(sc.z_root)), h("div", { class: "muted" }, tr(T("token loop z₄ = ", "逐词元循环 z₄ = ")) + fmt(sc.loop_z)))));
         view.querySelectorAll(".box").forEach((b, i) => enter(b, 150 * i));
       }
@@ -455,15 +464,30 @@ scene({ id: "delta", title: T("The delta rule: read the old answer, write the er
   build(root) {
     const w = DATA.delta.one_write, view = h("div", {});
     root.append(view);
+    let gen = 0;
     return (sub) => {
-      const S = sub === 0 ? w.S0 : w.S, before = w.S0;
-      const g = grid(S, { rowHeads: ["k=[1,0]", "k=[0,1]"], sym: "S", before: sub === 1 ? before : null });
+      const my = ++gen;
+      root.querySelectorAll(".traveller").forEach((el) => el.getAnimations().forEach((a) => a.cancel()));
+      const g = grid(w.S0, { rowHeads: ["k=[1,0]", "k=[0,1]"], sym: "S" }), cell = g.querySelector('.cell[data-i="0"]');
+      const pred = h("span", { id: "delta-prediction" }, sub === 0 ? "…" : fmt(w.prediction));
+      const err = h("div", { class: "big sym-err", id: "delta-error" }, sub === 0 ? "e = " + fmt(w.target) + " − …" : "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error));
+      const write = h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = …");
       put(view, formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
-        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction ", "预测 ")) + fmt(w.prediction)), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))),
-          h("div", { class: "big sym-err", id: "delta-error" }, "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error))),
-        sub === 1 ? box(tr(T("after the write", "写入之后")), h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = " + fmt(w.S[0][0])),
-          h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
-      if (sub === 0) pulse(view.querySelector("#delta-error"), C.err, 200);
+        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction Sᵀk = ", "预测 Sᵀk = ")), pred), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))), err),
+        sub === 1 ? box(tr(T("after the write", "写入之后")), write, h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
+      if (sub === 0) {  // read: the cell's 2 travels out as the prediction; then the error is formed
+        travel(root, cell, pred, C.S, 300, fmt(w.prediction), () => {
+          if (my !== gen) return;
+          land(pred, fmt(w.prediction), C.S);
+          land(err, "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error), C.err);
+        });
+      } else {  // write: the error, scaled by β, travels back into the key's row; the cell changes when it lands
+        travel(root, err, cell, C.err, 300, "β·e = " + fmt(w.beta * w.error), () => {
+          if (my !== gen) return;
+          land(cell, fmt(w.S[0][0]), C.S);
+          write.textContent = fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = " + fmt(w.S[0][0]);
+        });
+      }
     };
   } });
 
@@ -493,9 +517,12 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
     return (sub) => {
       put(view, );
       if (sub === 0) {
-        const colors = [C.k, C.v, C.gate, C.err];
-        view.append(formula(tr(T("new e = (1 − β‖k‖²) × old e", "新 e = (1 − β‖k‖²) × 旧 e"))), lineChart(d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true })),
-          { xlabel: tr(T("writes", "写入次数")), ylabel: tr(T("error e", "误差 e")), ymin: -12, ymax: 12, xticks: [0, 3, 6], yticks: [-12, 0, 3, 12] }),
+        // A sign-keeping log axis: the growing cases (×(−1.5) and ×(−3) per write) are drawn whole, not cut off.
+        const colors = [C.k, C.v, C.gate, C.other], n2 = d.norm2;
+        const series = d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true }));
+        series.push({ points: n2.errors.map((x, n) => [n, x]), color: C.err, label: "β‖k‖² = " + n2.beta * n2.k * n2.k + " (‖k‖ = " + n2.k + ")", dots: true, dash: "6 4" });
+        view.append(formula(tr(T("new e = (1 − β‖k‖²) × old e", "新 e = (1 − β‖k‖²) × 旧 e"))), lineChart(series,
+          { xlabel: tr(T("writes", "写入次数")), ylabel: tr(T("error e (log scale, both signs)", "误差 e（对数刻度，含正负）")), symlog: true, xticks: [0, 3, 6], yticks: [-30, -10, -3, 0, 3, 10, 30] }),
         h("div", { class: "big sym-err", id: "norm-k2" }, "‖k‖ = 2, β = 1: e = " + d.norm2.errors.map((x) => fmt(x)).join(" → ")));
       } else {
         const kIn = h("input", { type: "range", id: "norm-k", min: 0.25, max: 2.5, step: 0.25, value: 1 }), bIn = h("input", { type: "range", id: "norm-beta", min: 0, max: 2, step: 0.05, value: 0.5 });
@@ -505,12 +532,14 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
           kOut.textContent = fmt(k); bOut.textContent = fmt(b);
           const res = run({ rule: "delta", q: [k], k: Array(n).fill([k]), v: Array(n).fill([d.value]), beta: Array(n).fill(b), initial_S: [[d.start]] });
           const reads = [k * d.start].concat(res.y.map((y) => y[0])), f = 1 - b * k * k;
-          const lim = Math.min(40, Math.max(10, ...reads.map(Math.abs)));
+          const big = Math.max(...reads.map(Math.abs)), logy = big > 40;  // past 40 a sign-keeping log axis, never a clamp
+          const lim = logy ? Math.pow(10, Math.ceil(Math.log10(big))) : Math.max(10, Math.ceil(big / 5) * 5);
           put(out, h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + "; 1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
-            lineChart([{ points: reads.map((x, i) => [i, Math.max(-lim, Math.min(lim, x))]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
-              { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS", ymin: -lim, ymax: lim, xticks: [0, 4, 8], yticks: [-lim, 0, 5, lim] }));
+            lineChart([{ points: reads.map((x, i) => [i, x]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
+              { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS" + (logy ? tr(T(" (log scale)", "（对数刻度）")) : ""), ymin: -lim, ymax: lim, symlog: logy, xticks: [0, 4, 8],
+                yticks: logy ? [-lim, -Math.sqrt(lim) | 0, 0, 5, Math.sqrt(lim) | 0, lim] : [-lim, 0, 5, lim] }));
         };
-        kIn.addEventListener("input", draw); bIn.addEventListener("input", draw);
+        kIn.addEventListener("input", quietly(draw)); bIn.addEventListener("input", quietly(draw));
         view.append(h("div", { class: "controls" }, h("label", { class: "control" }, "‖k‖ = ", kIn, " ", kOut), h("label", { class: "control" }, "β = ", bIn, " ", bOut)), out);
         draw();
       }
@@ -526,7 +555,7 @@ scene({ id: "chunks", title: T("In training, state updates run in parallel block
       "在贯穿的例子后再加两个词元（φ(k) = [1, 0]，v = 6；φ(k) = [1, 1]，v = 15），查询 [2, 1]：无论块多大，最后的输出都是 74/11。门控版本要乘上门的乘积；delta 规则不能套用这条累加公式，需要专门的块算法，目标相同：保留递推的语义，同时让 GPU 做规整的大块运算。")],
   build(root) {
     const d = DATA.chunks, out = h("div", {});
-    const slider = h("input", { type: "range", id: "chunk-size", min: 1, max: d.keys.length, value: 2, oninput: () => draw() }), shown = h("output", { id: "chunk-size-value" }, "2");
+    const slider = h("input", { type: "range", id: "chunk-size", min: 1, max: d.keys.length, value: 2, oninput: quietly(() => draw()) }), shown = h("output", { id: "chunk-size-value" }, "2");
     root.append(h("label", { class: "control" }, ui("chunk") + " C = ", slider, " ", shown), out);
     let sub = 0;
     const draw = () => {
@@ -597,7 +626,7 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
         const dists = [...new Set(m.recall_distance.map((r) => r.distance))], mechs = [...new Set(m.recall_distance.map((r) => r.mechanism))];
         const acc = (mech, dist) => m.recall_distance.find((r) => r.mechanism === mech && r.distance === dist).accuracy;
         const colors = [C.other, C.S, C.gate, C.k, C.err];
-        view.append(lineChart(mechs.map((mech, i) => ({ points: dists.map((x) => [x, 100 * acc(mech, x)]), color: colors[i], label: mech, dots: true })),
+        view.append(lineChart(mechs.map((mech, i) => ({ points: dists.map((x) => [x, 100 * acc(mech, x)]), color: colors[i], label: mechName(mech), dots: true })),
           { xlabel: tr(T("writes after the pair", "该对之后的写入数")), ylabel: tr(T("recall %", "取回准确率 %")), ymin: 0, ymax: 100, xticks: dists, yticks: [0, 50, 80, 100] }),
         h("p", { class: "muted" }, ui("source") + m.recall_file));
       }
@@ -693,28 +722,61 @@ const EXERCISES = [
     T("The effective rate βk² = 2 turns the error 3 into −3. With β = 1/k² = " + fmt(e.fixed_beta) + ": S′ = " + fmt(e.fixed_S) + ", prediction " + fmt(e.fixed_prediction) + ". The key's norm must enter the analysis.",
       "有效修正率 βk² = 2，误差从 3 变为 −3。若 β = 1/k² = " + fmt(e.fixed_beta) + "，则 S′ = " + fmt(e.fixed_S) + "、预测 = " + fmt(e.fixed_prediction) + "；key 的范数必须进入分析。")] },
 ];
+// Named mistakes: answers a learner reaches by one specific slip, and what that slip was. Each entry's values are
+// exact fractions [num, den] per box (null: any value there).
+const F = (num, den) => ({ value: num / (den || 1), num, den: den || 1 });
+const MISTAKES = [
+  [{ at: [F(8, 3), F(5, 3)], says: T("That is [8/3, 5/3]: the read of the first two tokens. Token 3 (k̃₃ = [1, 1], v₃ = [3, 2]) was forgotten: add its outer product to S and k̃₃ to z.",
+      "这是 [8/3, 5/3]：只有前两个词元时的读数。漏掉了词元 3（k̃₃ = [1, 1]，v₃ = [3, 2]）：把它的外积加进 S，把 k̃₃ 加进 z。") },
+    { at: [F(17), F(11)], says: T("That is the numerator q̃ᵀS = [17, 11] alone: divide it by the denominator q̃ᵀz = 6.", "这只是分子 q̃ᵀS = [17, 11]：还要除以分母 q̃ᵀz = 6。") },
+    { at: [F(17, 4), F(11, 4)], says: T("Divided by z's entries summed (4), not by q̃ᵀz = 2·2 + 1·2 = 6: the query weights z too.", "除的是 z 各分量之和 (4)，而不是 q̃ᵀz = 2·2 + 1·2 = 6：查询也要给 z 加权。") },
+    { at: [F(11, 6), F(17, 6)], says: T("The two entries are swapped: y₁ comes from S's first column.", "两个分量写反了：y₁ 来自 S 的第一列。") },
+    { at: [F(3), F(2)], says: T("That is v₃ alone: the read averages every token written so far, not only the last.", "这只是 v₃：读取是对所有已写入词元的加权平均，而不只是最后一个。") }],
+  [{ at: [F(6)], says: T("6 is what you get with the gates on the wrong tokens (token 1 × α₃, token 2 × α₂). A gate shrinks everything written before it: token 1 carries α₂α₃ = 0.125, token 2 only α₃ = 0.25.",
+      "6 是把门乘错了词元得到的（词元 1 × α₃，词元 2 × α₂）。门会缩小它之前写入的一切：词元 1 带 α₂α₃ = 0.125，词元 2 只带 α₃ = 0.25。") },
+    { at: [F(14, 3)], says: T("14/3 is the plain average of 2, 4, 8: the gates were left out.", "14/3 是 2、4、8 的普通平均：漏掉了门。") },
+    { at: [F(37, 4)], says: T("9.25 is the numerator alone: divide by z = 0.125 + 0.25 + 1 = 1.375.", "9.25 只是分子：还要除以 z = 0.125 + 0.25 + 1 = 1.375。") },
+    { at: [F(8)], says: T("8 is the last value alone: the gates shrink the old tokens, they do not erase them.", "8 只是最后一个值：门把旧词元缩小，但没有抹掉。") }],
+  [{ at: [null, F(5)], says: T("Prediction 5 is the unit-key result applied to k = 2. With ‖k‖ = 2 the write changes the prediction kS by βk²·e = 0.5·4·3 = 6, not by β·e: the key's norm enters twice.",
+      "预测 5 是把单位键的结论套到了 k = 2 上。‖k‖ = 2 时，写入让预测 kS 改变 βk²·e = 0.5·4·3 = 6，而不是 β·e：键的范数出现了两次。") },
+    { at: [F(5, 2), null], says: T("S = 2.5 leaves the key out of the write: S ← S + β k e = 1 + 0.5 · 2 · 3.", "S = 2.5 是写入时漏掉了键：S ← S + β k e = 1 + 0.5 · 2 · 3。") },
+    { at: [F(4), F(4)], says: T("S = 4 is right; the prediction is kS = 2 · 4, not S.", "S = 4 对了；预测是 kS = 2 · 4，而不是 S。") },
+    { at: [F(5), null], says: T("S = 5 takes S itself as the prediction (error 5 − 1 = 4). The old prediction is kS = 2 · 1 = 2, so the error is 3.", "S = 5 是把 S 本身当成了预测（误差 5 − 1 = 4）。旧预测是 kS = 2 · 1 = 2，所以误差是 3。") }],
+];
+// What the learner typed and the last verdict, per exercise, for as long as the page is open (leaving the step,
+// switching language or rotating the phone keeps them).
+const TYPED = {};
 scene({ id: "exercises", title: T("Exercises", "练习"), oneAtATime: true,
   text: EXERCISES.map((e) => T(e.title.en + " " + e.q.en, e.title.zh + " " + e.q.zh)),
   build(root) {
     const view = h("div", {});
     root.append(view);
     return (sub) => {
-      const ex = EXERCISES[sub], e = DATA.exercises[sub];
-      const inputs = ex.labels.map((l, i) => h("input", { type: "text", inputmode: "decimal", id: "ex-answer-" + i, "aria-label": tr(l), autocomplete: "off" }));
+      const ex = EXERCISES[sub], e = DATA.exercises[sub], want = e.fractions.map(([n, d]) => F(n, d));
+      const keep = TYPED[e.id] || (TYPED[e.id] = { values: ex.labels.map(() => ""), checked: false });
+      const inputs = ex.labels.map((l, i) => h("input", { type: "text", inputmode: "decimal", id: "ex-answer-" + i, "aria-label": tr(l), autocomplete: "off", value: keep.values[i],
+        oninput: (ev) => { keep.values[i] = ev.target.value; } }));
       const verdict = h("div", { id: "ex-verdict", role: "status" });
-      const check = () => {
-        const got = inputs.map((inp) => parseNumber(inp.value));
-        if (got.some((x) => Number.isNaN(x))) { verdict.className = "verdict"; verdict.textContent = ui("blank"); return; }
-        const ok = got.every((x, i) => close(x, e.answers[i]));
+      const check = (quiet) => {
+        keep.values = inputs.map((inp) => inp.value);
+        keep.checked = true;
+        const got = inputs.map((inp) => parseAnswer(inp.value));
+        if (got.some((x) => x === null)) { verdict.className = "verdict"; verdict.textContent = ui("blank"); verdict.dataset.diagnosis = "blank"; return; }
+        const right = got.map((x, i) => matches(x, want[i])), ok = right.every(Boolean);
+        const mistake = ok ? null : MISTAKES[sub].find((m) => m.at.every((w, i) => w === null || matches(got[i], w)));
+        const short = !ok && !mistake && got.some((x, i) => !right[i] && tooShort(x, want[i]));
         verdict.className = "verdict " + (ok ? "right" : "wrong");
-        verdict.textContent = ok ? ui("right") : ui("wrong");
-        inputs.forEach((inp, i) => inp.classList.toggle("bad", !close(got[i], e.answers[i])));
-        anim(verdict, [{ transform: "scale(0.9)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 350 });
+        verdict.dataset.diagnosis = ok ? "right" : mistake ? "mistake-" + MISTAKES[sub].indexOf(mistake) : short ? "short" : "wrong";
+        put(verdict, ok ? ui("right") : mistake ? fx(tr(mistake.says)) : short ? ui("short") : ui("wrong"));
+        inputs.forEach((inp, i) => inp.classList.toggle("bad", !right[i]));
+        if (!quiet) anim(verdict, [{ transform: "scale(0.9)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 350 });
       };
       inputs.forEach((inp) => inp.addEventListener("keydown", (ev) => { if (ev.key === "Enter") check(); }));
-      put(view, h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: check }, ui("check"))), verdict,
+      put(view, h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: () => check() }, ui("check"))), verdict,
         h("details", { id: "ex-solution" }, h("summary", {}, ui("show")), ex.solution(e).map((p) => h("p", {}, fx(tr(p))))),
-        h("p", { class: "muted" }, tr(T("Write down the assumptions and units first, then substitute the numbers.", "先写出假设和单位，再代入数字。"))));
+        h("p", { class: "muted" }, tr(T("Fractions such as 17/6 are welcome; a decimal needs at least 4 significant digits. Write down the assumptions first, then substitute the numbers.",
+          "可以写分数，如 17/6；小数至少要 4 位有效数字。先写出假设，再代入数字。"))));
+      if (keep.checked) check(true);
     };
   } });
 
