@@ -203,10 +203,15 @@ function matches(got, want) {
   if (!got || !Number.isFinite(got.value)) return false;
   if (got.num !== undefined && want.den) return got.num * want.den === want.num * got.den;
   if (Math.abs(got.value - want.value) <= 1e-12 * Math.max(1, Math.abs(want.value))) return true;
-  return got.sig >= 4 && Math.abs(got.value - want.value) < Math.pow(10, -got.decimals);
+  return got.sig >= 4 && agrees(got, want);
+}
+// The typed decimal is want rounded, or cut off, to the digits typed.
+function agrees(got, want) {
+  const unit = Math.pow(10, -got.decimals), tiny = 1e-9 * unit;
+  return Math.abs(got.value - want.value) <= unit / 2 + tiny || Math.abs(got.value - Math.trunc(want.value / unit) * unit) <= tiny;
 }
 // Close but too short: the digits typed agree with want, only too few of them.
-const tooShort = (got, want) => got && got.num === undefined && got.sig < 4 && Math.abs(got.value - want.value) < Math.pow(10, -got.decimals);
+const tooShort = (got, want) => got && got.num === undefined && got.sig < 4 && agrees(got, want);
 // ------------------------------------------------------------------------------------------------ words
 const T = (en, zh) => ({ en, zh });
 let LANG = "en";

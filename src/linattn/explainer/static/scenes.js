@@ -211,7 +211,12 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
           const Sc = cells["S" + i].c, zc = cells["z" + i].c, from = [m, y + 60];
           const viaS = narrow ? [from, [m, y + 100], [Sc[0], y + 100], Sc] : [from, [m, 26], [420, 26], [420, Sc[1]], Sc];
           const viaZ = narrow ? [from, [m, y + 100], [zc[0], y + 100], zc] : [from, [m, 178], [560, 178], [560, zc[1]], zc];
-          if (kv) { flow(svg, viaS, C.S, 250 * i, fmt(kv * d.values[t - 1]), landAt("S" + i)); flow(svg, viaZ, C.z, 120 + 250 * i, fmt(kv), landAt("z" + i)); }
+          if (kv) {
+            [[viaS, C.S, 250 * i, fmt(kv * d.values[t - 1]), "S" + i], [viaZ, C.z, 120 + 250 * i, fmt(kv), "z" + i]].forEach(([path, color, delay, label, key]) => {
+              const a = flow(svg, path, color, delay, label, landAt(key));
+              if (a) a.effect.target.dataset.to = key;  // which cell this contribution is for
+            });
+          }
           else { landAt("S" + i)(); landAt("z" + i)(); }
         });
       }
