@@ -665,7 +665,7 @@ def test_exercises_diagnose_mistakes_and_keep_answers(page, page_url):
     page.click("#lang-en")
 
 
-# The checks at every size: nothing wider than the viewport, chart text at least 14 px, the picture in view.
+# The checks at every size: nothing wider than the viewport, picture text at least 14 px, the picture in view.
 FIT = """() => {
   const W = document.documentElement.clientWidth, H = document.documentElement.clientHeight, wide = [], small = [];
   for (const el of document.querySelectorAll('body *')) {
@@ -673,7 +673,7 @@ FIT = """() => {
     const r = el.getBoundingClientRect();
     if (r.width && (r.right > W + 1 || r.left < -1)) wide.push(el.tagName + ' ' + el.id + ' ' + Math.round(r.right));
   }
-  for (const t of document.querySelectorAll('#stage svg.chart text')) {
+  for (const t of document.querySelectorAll('#stage svg text')) {  // charts and diagrams alike
     const px = parseFloat(getComputedStyle(t).fontSize) * t.ownerSVGElement.getBoundingClientRect().width
       / t.ownerSVGElement.viewBox.baseVal.width;
     if (px < 13.5) small.push(t.textContent + ' ' + px.toFixed(1));

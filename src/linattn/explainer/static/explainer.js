@@ -155,7 +155,9 @@ const visualWidth = () => { const v = document.querySelector("#stage .visual"); 
 function lineChart(series, opts) {
   const W = opts.width || Math.round(Math.min(720, Math.max(300, visualWidth() - 4))), narrow = W < 560;
   const cols = !narrow && series.every((p) => p.label.length <= 20) ? 2 : 1;  // long legend labels get a row each
-  const H = opts.height || (narrow ? 250 : 330) + (cols === 1 ? 24 * series.length - 40 : 0), L = narrow ? 64 : 84, R = 20, top = 16 + 24 * Math.ceil(series.length / cols), bottom = 44;
+  // The left margin fits the longest y tick label (about 8.5 px a character at 14 px) beside the rotated axis title.
+  const tickChars = Math.max(1, ...(opts.yticks || []).map((y) => fmt(y, 3).length));
+  const H = opts.height || (narrow ? 250 : 330) + (cols === 1 ? 24 * series.length - 40 : 0), L = Math.max(narrow ? 56 : 84, 34 + 8.5 * tickChars), R = 20, top = 16 + 24 * Math.ceil(series.length / cols), bottom = 44;
   const xs = series.flatMap((p) => p.points.map((q) => q[0])), ys = series.flatMap((p) => p.points.map((q) => q[1]));
   const x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = opts.ymin !== undefined ? opts.ymin : Math.min(opts.logy ? Infinity : 0, ...ys), y1 = opts.ymax !== undefined ? opts.ymax : Math.max(...ys);
   // logy: a log10 axis, so that a flat line far below a growing one stays visible; out-of-range points are clamped.

@@ -10,22 +10,31 @@ scene({ id: "intro", title: T("Linear attention: writing the history into a stat
   text: [T("Instead of rereading every cached key and value for each new token, can a model keep a running notebook that any query can consult at once? Step with → and ←, drag the timeline, or open a link such as #step=12. Every number in the scripted scenes was computed in float64 by linattn's reference when this page was built.",
     "能不能不再为每个新词元把缓存的键和值逐条重读，而是维护一本随时可查的“笔记本”？用 → 和 ← 翻页，拖动时间轴，或打开 #step=12 这样的链接。脚本场景中的每个数字都是构建本页时由 linattn 的 float64 参考实现算出的。")],
   build(root) {
-    const svg = s("svg", { viewBox: "0 0 720 230", class: "diagram", role: "img" });
+    // Wide: tokens, state and query in one row. Narrow (a phone): tokens above the state, drawn at 1:1 so text stays 14 px.
+    const narrow = visualWidth() < 560, W = narrow ? Math.max(300, visualWidth() - 2) : 720, H = narrow ? 300 : 230;
+    const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "diagram", role: "img", id: "intro-svg" });
+    const L = narrow ? { card: (i) => [10 + ((W - 20) / 3) * i, 30], cw: (W - 20) / 3 - 12, Sx: 20, Sy: 130, zy: 220, sw: 150, qx: W - 70, qy: 175, wr: [W / 2, 18], rd: [W - 70, 130] }
+      : { card: (i) => [20 + 95 * i, 70], cw: 80, Sx: 380, Sy: 40, zy: 130, sw: 150, qx: 610, qy: 110, wr: [330, 30], rd: [610, 30] };
     const toks = [0, 1, 2].map((i) => {
-      const x = 20 + 95 * i;
-      svg.append(s("rect", { x, y: 70, width: 80, height: 70, rx: 8, class: "card" }),
-        s("text", { x: x + 40, y: 98, "text-anchor": "middle", class: "sym-k" }, "k" + "₁₂₃"[i]), s("text", { x: x + 40, y: 124, "text-anchor": "middle", class: "sym-v" }, "v" + "₁₂₃"[i]));
-      return [x + 40, 105];
+      const [x, y] = L.card(i);
+      svg.append(s("rect", { x, y, width: L.cw, height: 70, rx: 8, class: "card" }),
+        s("text", { x: x + L.cw / 2, y: y + 28, "text-anchor": "middle", class: "sym-k" }, "k" + "₁₂₃"[i]), s("text", { x: x + L.cw / 2, y: y + 54, "text-anchor": "middle", class: "sym-v" }, "v" + "₁₂₃"[i]));
+      return [x + L.cw / 2, y + 35];
     });
-    svg.append(s("rect", { x: 380, y: 40, width: 150, height: 80, rx: 10, class: "state-S" }), s("text", { x: 455, y: 86, "text-anchor": "middle", class: "big-svg sym-S" }, "S"),
-      s("rect", { x: 380, y: 130, width: 150, height: 50, rx: 10, class: "state-z" }), s("text", { x: 455, y: 162, "text-anchor": "middle", class: "big-svg sym-z" }, "z"),
-      s("text", { x: 330, y: 30, "text-anchor": "middle" }, tr(T("write", "写入"))), s("text", { x: 610, y: 30, "text-anchor": "middle" }, tr(T("read", "读取"))),
-      s("circle", { cx: 610, cy: 110, r: 26, class: "card" }), s("text", { x: 610, y: 116, "text-anchor": "middle", class: "big-svg sym-q" }, "q"),
-      s("path", { d: "M584 110 L534 110", stroke: C.q, "stroke-width": 3, "marker-end": "" }), s("text", { x: 675, y: 116, "text-anchor": "middle", class: "big-svg" }, "→ y"));
+    const Sc = [L.Sx + L.sw / 2, L.Sy + 40], zc = [L.Sx + L.sw / 2, L.zy + 25];
+    svg.append(s("rect", { x: L.Sx, y: L.Sy, width: L.sw, height: 80, rx: 10, class: "state-S" }), s("text", { x: Sc[0], y: L.Sy + 46, "text-anchor": "middle", class: "big-svg sym-S" }, "S"),
+      s("rect", { x: L.Sx, y: L.zy, width: L.sw, height: 50, rx: 10, class: "state-z" }), s("text", { x: zc[0], y: L.zy + 32, "text-anchor": "middle", class: "big-svg sym-z" }, "z"),
+      s("text", { x: L.wr[0], y: L.wr[1], "text-anchor": "middle" }, tr(T("write", "写入"))), s("text", { x: L.rd[0], y: L.rd[1], "text-anchor": "middle" }, tr(T("read", "读取"))),
+      s("circle", { cx: L.qx, cy: L.qy, r: 26, class: "card" }), s("text", { x: L.qx, y: L.qy + 6, "text-anchor": "middle", class: "big-svg sym-q" }, "q"),
+      s("path", { d: `M${L.qx - 26} ${L.qy} L${L.Sx + L.sw + 4} ${L.qy}`, stroke: C.q, "stroke-width": 3 }),
+      s("text", { x: narrow ? L.qx : L.qx + 65, y: narrow ? L.qy + 62 : L.qy + 6, "text-anchor": "middle", class: "big-svg sym-y" }, narrow ? "↓ y" : "→ y"));
     const lab = h("a", { id: "lab-download", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"));
     root.append(svg, h("p", {}, lab));
-    // Over the other cards, not through them.
-    return () => toks.forEach((p, i) => { flow(svg, [p, [p[0], 52], [380, 52], [455, 80]], C.S, 200 + 350 * i); flow(svg, [p, [p[0], 160], [p[0], 200], [370, 200], [455, 155]], C.z, 300 + 350 * i); });
+    // Wide: over the other cards, not through them; narrow: straight down (nothing lies between).
+    return () => toks.forEach((p, i) => {
+      if (narrow) { flow(svg, [p, [p[0], 118], [Sc[0], 118], Sc], C.S, 200 + 350 * i); flow(svg, [p, [p[0], 118], [L.Sx - 8 + 180, 118], [L.Sx + 180, zc[1]], zc], C.z, 300 + 350 * i); return; }
+      flow(svg, [p, [p[0], 52], [380, 52], Sc], C.S, 200 + 350 * i); flow(svg, [p, [p[0], 160], [p[0], 200], [370, 200], zc], C.z, 300 + 350 * i);
+    });
   } });
 
 scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通注意力在读什么"),
@@ -146,8 +155,9 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     T("The state is written up to position t before it is read, so the output at t includes the current token.", "先把状态更新到位置 t 再读取，所以位置 t 的输出包含当前词元。")],
   build(root) {
     // Two layouts of one diagram: side by side on a wide screen, tokens above the state on a phone.
-    const d = DATA.tokens, narrow = root.clientWidth > 0 && root.clientWidth < 560;
-    const G = narrow ? { W: 380, H: 330, card: (i) => [8 + 124 * i, 8], cw: 116, S: [83, 150, 206], z: [243, 150, 206], head: 138, note: [8, 292] }
+    // Narrow: drawn at the column's width (1:1, text stays 14 px), the cards above the state.
+    const d = DATA.tokens, vw = visualWidth(), narrow = vw < 560, NW = Math.max(300, Math.min(420, vw - 2)), third = (NW - 16) / 3;
+    const G = narrow ? { W: NW, H: 330, card: (i) => [8 + third * i, 8], cw: third - 8, S: [Math.round(NW * 0.22), 150, 206], z: [Math.round(NW * 0.64), 150, 206], head: 138, note: [8, 292] }
       : { W: 720, H: 235, card: (i) => [20 + 120 * i, 40], cw: 104, S: [450, 50, 110], z: [590, 50, 110], head: 30, note: [20, 215] };
     const svg = s("svg", { viewBox: "0 0 " + G.W + " " + G.H, class: "diagram" + (narrow ? " fit" : ""), role: "img", id: "tokens-svg" });
     d.keys.forEach((k, i) => {
@@ -316,18 +326,21 @@ scene({ id: "shapes", title: T("Every dimension in the formula", "公式里的�
     const view = h("div", {});
     root.append(view);
     return (sub) => {
-      const svg = s("svg", { viewBox: "0 0 720 220", class: "diagram", role: "img" });
-      svg.append(s("rect", { x: 20, y: 40, width: 30, height: 120, class: "state-k" }), s("text", { x: 35, y: 180, "text-anchor": "middle", class: "sym-k" }, "φ(k)"), s("text", { x: 35, y: 30, "text-anchor": "middle" }, "dφ"),
-        s("text", { x: 70, y: 105 }, "×"), s("rect", { x: 90, y: 85, width: 100, height: 30, class: "state-v" }), s("text", { x: 140, y: 135, "text-anchor": "middle", class: "sym-v" }, "vᵀ"), s("text", { x: 140, y: 78, "text-anchor": "middle" }, "dv"),
-        s("text", { x: 215, y: 105 }, "→"), s("rect", { x: 245, y: 40, width: 100, height: 120, class: "state-S" }), s("text", { x: 295, y: 108, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: 295, y: 180, "text-anchor": "middle" }, "dφ × dv"),
-        s("rect", { x: 375, y: 40, width: 30, height: 120, class: "state-z" }), s("text", { x: 390, y: 180, "text-anchor": "middle", class: "sym-z" }, "z: dφ"));
+      // Narrow: the same shapes squeezed sideways (text keeps its size) and the tokens on a row below.
+      const narrow = visualWidth() < 560, f = narrow ? 0.62 : 1, X = (x) => x * f, W = narrow ? Math.max(300, visualWidth() - 2) : 720, H = narrow ? 300 : 220;
+      const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "diagram", role: "img", id: "shapes-svg" });
+      svg.append(s("rect", { x: X(20), y: 40, width: X(30), height: 120, class: "state-k" }), s("text", { x: X(35), y: 180, "text-anchor": "middle", class: "sym-k" }, "φ(k)"), s("text", { x: X(35), y: 30, "text-anchor": "middle" }, "dφ"),
+        s("text", { x: X(70), y: 105 }, "×"), s("rect", { x: X(90), y: 85, width: X(100), height: 30, class: "state-v" }), s("text", { x: X(140), y: 135, "text-anchor": "middle", class: "sym-v" }, "vᵀ"), s("text", { x: X(140), y: 78, "text-anchor": "middle" }, "dv"),
+        s("text", { x: X(215), y: 105 }, "→"), s("rect", { x: X(245), y: 40, width: X(100), height: 120, class: "state-S" }), s("text", { x: X(295), y: 108, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: X(295), y: 180, "text-anchor": "middle" }, "dφ × dv"),
+        s("rect", { x: X(375), y: 40, width: X(30), height: 120, class: "state-z" }), s("text", { x: X(390), y: 180, "text-anchor": "middle", class: "sym-z" }, "z: dφ"));
       if (sub === 1) {
+        const tx = (i) => (narrow ? 10 + 46 * i : 440 + 44 * i), ty = narrow ? 205 : 70, cap = narrow ? [W / 2, 290] : [560, 160];
         [0, 1, 2, 3, 4, 5].forEach((i) => {
-          const r = s("rect", { x: 440 + 44 * i, y: 70, width: 36, height: 60, rx: 4, class: "card" });
-          svg.append(r, s("text", { x: 458 + 44 * i, y: 105, "text-anchor": "middle" }, "t" + (i + 1)));
+          const r = s("rect", { x: tx(i), y: ty, width: 38, height: 60, rx: 4, class: "card" });
+          svg.append(r, s("text", { x: tx(i) + 19, y: ty + 35, "text-anchor": "middle" }, "t" + (i + 1)));
           anim(r, [{ opacity: 0 }, { opacity: 1 }], { duration: 300, delay: 80 * i });
         });
-        svg.append(s("text", { x: 560, y: 160, "text-anchor": "middle" }, tr(T("same cost per token → total ∝ T", "每个词元成本相同 → 总量 ∝ T"))));
+        svg.append(s("text", { x: cap[0], y: cap[1], "text-anchor": "middle" }, tr(T("same cost per token → total ∝ T", "每个词元成本相同 → 总量 ∝ T"))));
       }
       put(view, formula("Sₜ = Sₜ₋₁ + φ(kₜ) vₜᵀ", "zₜ = zₜ₋₁ + φ(kₜ)", "yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ"), svg);
     };
@@ -440,17 +453,31 @@ scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan"
       put(view, );
       if (sub === 0) { view.append(formula("f₂(f₁(S)) = α₂(α₁S + B₁) + B₂", "= (α₂α₁) S + (α₂B₁ + B₂)", "(α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
       if (sub === 1) {
-        const svg = s("svg", { viewBox: "0 0 720 300", class: "diagram", role: "img", id: "scan-tree" });
-        const node = (x, y, p, label, cls, delay) => {
-          const g = s("g", {}, s("rect", { x: x - 70, y, width: 140, height: 44, rx: 7, class: cls || "card" }), s("text", { x, y: y + 18, "text-anchor": "middle" }, label), s("text", { x, y: y + 36, "text-anchor": "middle", class: "num" }, pair(p)));
-          svg.append(g); anim(g, [{ opacity: 0, transform: "translateY(12px)" }, { opacity: 1, transform: "none" }], { duration: 450, delay });
+        // Sized to its column (1:1, so text stays 14 px on a phone). Each merge happens when both children's pairs have
+        // travelled up into their parent: only then does the parent show its composed pair.
+        const W = Math.max(320, Math.min(720, visualWidth() - 2)), nw = Math.min(140, W / 4 - 8), small = W < 560;
+        const svg = s("svg", { viewBox: "0 0 " + W + " 300", class: "diagram", role: "img", id: "scan-tree" });
+        const node = (x, y, p, label, waiting) => {
+          const val = s("text", { x, y: y + 40, "text-anchor": "middle", class: "num", style: small ? "font-size:15px" : null }, waiting ? "…" : pair(p));
+          svg.append(s("g", {}, s("rect", { x: x - nw / 2, y, width: nw, height: 48, rx: 7, class: "card" }), s("text", { x, y: y + 17, "text-anchor": "middle" }, label), val));
+          return { x, y, val, p };
         };
-        const xs = [90, 270, 450, 630];
-        [[180, 0], [540, 1]].forEach(([x, i]) => svg.append(s("path", { d: `M${x} 150 L${xs[2 * i]} 196 M${x} 150 L${xs[2 * i + 1]} 196`, class: "edge" })));
-        svg.append(s("path", { d: "M360 64 L180 106 M360 64 L540 106", class: "edge" }));
-        xs.forEach((x, i) => node(x, 196, sc.leaves[i], tr(UI.token) + " " + (i + 1), "card", 0));
-        node(180, 106, sc.level1[0], "2∘1", "card", 250); node(540, 106, sc.level1[1], "4∘3", "card", 250); node(360, 20, sc.root, "(4∘3)∘(2∘1)", "card", 500);
-        svg.append(s("text", { x: 360, y: 272, "text-anchor": "middle" }, tr(T("prefix 3 = token 3 ∘ (2∘1)", "前缀 3 = 词元 3 ∘ (2∘1)"))));
+        const xs = [1, 3, 5, 7].map((i) => (W * i) / 8), mid = [W / 4, (3 * W) / 4];
+        [0, 1].forEach((i) => svg.append(s("path", { d: `M${mid[i]} 150 L${xs[2 * i]} 196 M${mid[i]} 150 L${xs[2 * i + 1]} 196`, class: "edge" })));
+        svg.append(s("path", { d: `M${W / 2} 64 L${mid[0]} 106 M${W / 2} 64 L${mid[1]} 106`, class: "edge" }));
+        const leaves = xs.map((x, i) => node(x, 196, sc.leaves[i], small ? "t" + (i + 1) : tr(UI.token) + " " + (i + 1), false));
+        const lv = [node(mid[0], 106, sc.level1[0], "2∘1", true), node(mid[1], 106, sc.level1[1], "4∘3", true)];
+        const root = node(W / 2, 20, sc.root, "(4∘3)∘(2∘1)", true);
+        const merge = (kids, parent, delay, then) => {
+          let n = 0;
+          kids.forEach((k) => flow(svg, [[k.x, k.y + 10], [parent.x, parent.y + 30]], C.gate, delay, null, () => {
+            if (++n === kids.length) { parent.val.textContent = pair(parent.p); anim(parent.val, [{ opacity: 0 }, { opacity: 1 }], { duration: 300 }); if (then) then(); }
+          }));
+        };
+        let done = 0;
+        merge(leaves.slice(0, 2), lv[0], 200, () => { if (++done === 2) merge(lv, root, 100); });
+        merge(leaves.slice(2), lv[1], 200, () => { if (++done === 2) merge(lv, root, 100); });
+        svg.append(s("text", { x: W / 2, y: 272, "text-anchor": "middle" }, tr(T("prefix 3 = token 3 ∘ (2∘1)", "前缀 3 = 词元 3 ∘ (2∘1)"))));
         view.append(svg, table([tr(T("prefix", "前缀")), "(α, B)", tr(T("token loop S", "逐词元循环 S"))], sc.prefixes.map((p, t) => ["1…" + (t + 1), pair(p), fmt(sc.loop_prefix_S[t])]), { id: "scan-prefixes" }));
       } else {
         view.append(h("div", { class: "row" }, box("(α₂, B₂) ∘ (α₁, B₁)", h("div", { class: "big" }, pair(sc.level1[0])), h("div", { class: "muted" }, tr(T("token 2 after token 1: the loop's S₂ = ", "词元 2 在词元 1 之后：循环的 S₂ = ")) + fmt(sc.loop_prefix_S[1]))),
@@ -566,19 +593,22 @@ scene({ id: "chunks", title: T("In training, state updates run in parallel block
     const draw = () => {
       const C_ = Number(slider.value), chunks = d.layouts[String(C_)];
       shown.textContent = String(C_);
-      const svg = s("svg", { viewBox: "0 0 720 130", class: "diagram", role: "img", id: "chunk-strip" });
+      // Sized to its column (1:1); on a phone the cards drop their "φ(k)=" and "v=" (the colours say which is which).
+      const W = Math.max(300, Math.min(720, visualWidth() - 2)), pitch = (W - 24) / 5, cw = pitch - 10, short = cw < 110;
+      const svg = s("svg", { viewBox: "0 0 " + W + " 130", class: "diagram", role: "img", id: "chunk-strip" });
       d.keys.forEach((k, i) => {
-        const x = 20 + 136 * i, ci = Math.floor(i / C_);
-        svg.append(s("rect", { x, y: 10, width: 120, height: 56, rx: 6, class: "card chunk" + (ci % 2) }), s("text", { x: x + 60, y: 32, "text-anchor": "middle", class: "sym-k" }, "φ(k)=" + vec(k)), s("text", { x: x + 60, y: 54, "text-anchor": "middle", class: "sym-v" }, "v=" + fmt(d.values[i])));
+        const x = 16 + pitch * i, ci = Math.floor(i / C_);
+        svg.append(s("rect", { x, y: 10, width: cw, height: 56, rx: 6, class: "card chunk" + (ci % 2) }), s("text", { x: x + cw / 2, y: 32, "text-anchor": "middle", class: "sym-k" }, (short ? "" : "φ(k)=") + vec(k)),
+          s("text", { x: x + cw / 2, y: 54, "text-anchor": "middle", class: "sym-v" }, (short ? "" : "v=") + fmt(d.values[i])));
       });
       chunks.slice(0, -1).forEach((c, ci) => {
-        const x = 20 + 136 * c.stop - 8, g = s("g", {}, s("circle", { cx: x, cy: 95, r: 13, fill: C.S }), s("text", { x, y: 100, "text-anchor": "middle", style: "fill:#fff" }, "S"));
+        const x = 16 + pitch * c.stop - 5, g = s("g", {}, s("circle", { cx: x, cy: 95, r: 13, fill: C.S }), s("text", { x, y: 100, "text-anchor": "middle", style: "fill:#fff" }, "S"));
         svg.append(g, s("text", { x, y: 124, "text-anchor": "middle", class: "muted-svg" }, vec(c.S_out)));
         anim(g, [{ transform: "translateX(-110px)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 600, delay: 150 * ci });  // the state handed on
       });
       const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => [ci + 1, c.start + j + 1, fmt(c.inter_num[j]), fmt(c.inter_den[j]), fmt(c.intra_num[j]), fmt(c.intra_den[j]),
         "(" + fmt(c.inter_num[j]) + " + " + fmt(c.intra_num[j]) + ") / (" + fmt(c.inter_den[j]) + " + " + fmt(c.intra_den[j]) + ")", fmt(y, 4), fmt(d.loop_y[c.start + j], 4)]));
-      put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token", "（每个词元相同）")))), svg,
+      put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token; each card: φ(k), then v", "（每个词元相同）；每张卡片：φ(k)，然后 v")))), svg,
         sub >= 1 ? formula(ui("num") + " = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c", ui("den") + " = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]", "S_next = S_prev + K̃_cᵀ V_c,   z_next = z_prev + Σrows K̃_c") : null,
         table([tr(T("chunk", "块")), "t", tr(T("carried: num", "携带：分子")), tr(T("carried: den", "携带：分母")), tr(T("own: num", "块内：分子")), tr(T("own: den", "块内：分母")), tr(T("(num) / (den)", "(分子) / (分母)")), "y", tr(T("token loop", "逐词元循环"))], rows, { id: "chunk-table" }),
         h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  ")),
