@@ -35,7 +35,7 @@ const zeros = (r, c) => Array.from({ length: r }, () => new Array(c).fill(0));
 const COLORS = { q: "#7b3fb5", k: "#1f6fb2", v: "#2e7d32", S: "#c2571a", z: "#9a6b00", gate: "#00838f", err: "#c62828", y: "#ad1457",
   A: "#455a64", other: "#5b6470" };
 // φ(q) / φ(Q) / q̃ / Q̃ are the query; bare Q is not (the devices scene's segment offset is Q), nor is A in prose.
-const SYMBOL = /(?<![A-Za-z0-9])φ\([qkQK][ₜᵢ₀-₉]*\)|(?<![A-Za-z0-9])(?:[qkQK]̃|[qkvKVSzαey])(?![A-Za-z0-9(])/g;
+const SYMBOL = /(?<![A-Za-z0-9])φ\([qkQK][ₜᵢ₀-₉]*\)|α|(?<![A-Za-z0-9])(?:[qkQK]̃|[qkvKVSzey])(?![A-Za-z0-9(])/g;  // α: also in αS
 const SYMCLASS = (t) => (t.startsWith("φ(q") || t.startsWith("φ(Q") || /^[qQ]/.test(t) ? "q" : t.startsWith("φ(k") || t.startsWith("φ(K") || /^[kK]/.test(t) ? "k"
   : /^[vV]/.test(t) ? "v" : t === "S" ? "S" : t === "z" ? "z" : t === "α" ? "gate" : t === "y" ? "y" : "err");
 // Subscript words of the notation: S_prev -> S<sub>prev</sub> (never an underscore on screen).
