@@ -831,12 +831,14 @@ scene({ id: "lab", title: T("Hands-on: three orders of computation, one output",
     return () => out.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0 }, { opacity: 1 }], { duration: 250, delay: 90 * i }));
   } });
 
+const PLAYGROUND = {};
 scene({ id: "playground", title: T("Playground", "试验场"),
   text: [T("Edit the tokens (features φ(k), φ(q), values), the rule, the gates α and the write strengths β; for accumulate and gated also ε and its mode. S, z and y after every token are recomputed by the page's engine, the one the tests compare with linattn's float64 reference.",
     "编辑词元（特征 φ(k)、φ(q)、值）、规则、门控 α、写入强度 β；累加与门控规则还可以调 ε 及其模式。每个词元之后的 S、z 和 y 都由页面的计算引擎重算；测试会把这个引擎与 linattn 的 float64 参考实现对比。")],
   build(root) {
-    const st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", normalize: true, toks: [
-      { k: [1, 0], v: [2, 1], q: [2, 1], a: 0.5, b: 0.5 }, { k: [0, 1], v: [4, 3], q: [2, 1], a: 0.5, b: 0.5 }, { k: [1, 1], v: [3, 5], q: [2, 1], a: 0.5, b: 0.5 }] };
+    // The learner's edits live outside the scene, so a rebuild (resize, rotation, language) keeps them.
+    const st = PLAYGROUND.st || (PLAYGROUND.st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", normalize: true, toks: [
+      { k: [1, 0], v: [2, 1], q: [2, 1], a: 0.5, b: 0.5 }, { k: [0, 1], v: [4, 3], q: [2, 1], a: 0.5, b: 0.5 }, { k: [1, 1], v: [3, 5], q: [2, 1], a: 0.5, b: 0.5 }] });
     const controls = h("div", { class: "controls" }), tbl = h("div", {}), out = h("div", {});
     root.append(controls, tbl, out);
     const num = (get, set, id, step) => h("input", { type: "number", step: step || "any", value: get(), id, oninput: (e) => {
@@ -858,12 +860,14 @@ scene({ id: "playground", title: T("Playground", "试验场"),
     const drawTable = () => {
       const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
       const head = ["", "φ(k)₁", "φ(k)₂", "v₁"].concat(st.dv === 2 ? ["v₂"] : [], ["φ(q)₁", "φ(q)₂"], gated ? ["α"] : [], delta ? ["β"] : []);
-      put(tbl, scroll(h("table", { class: "data inputs" }, h("tr", {}, head.map((x) => h("th", {}, fx(x)))), st.toks.map((tk, t) => h("tr", {}, h("td", {}, t + 1),
+      // On a phone each token's row becomes a short list of labelled fields (the table's kv style).
+      const cellsOf = (tr_) => { [...tr_.children].forEach((td, i) => td.setAttribute("data-label", i ? head[i] : "")); return tr_; };
+      put(tbl, scroll(h("table", { class: "data inputs kv" }, h("thead", {}, h("tr", {}, head.map((x) => h("th", {}, fx(x))))), st.toks.map((tk, t) => cellsOf(h("tr", {}, h("td", {}, ui("token") + " " + (t + 1)),
         [0, 1].map((i) => h("td", {}, num(() => tk.k[i], (x) => { tk.k[i] = x; }, "pg-k" + t + i))),
         (st.dv === 2 ? [0, 1] : [0]).map((j) => h("td", {}, num(() => tk.v[j], (x) => { tk.v[j] = x; }, "pg-v" + t + j))),
         [0, 1].map((i) => h("td", {}, num(() => tk.q[i], (x) => { tk.q[i] = x; }, "pg-q" + t + i))),
         gated ? h("td", {}, num(() => tk.a, (x) => { tk.a = Math.min(1, Math.max(0, x)); }, "pg-a" + t, "0.05")) : null,
-        delta ? h("td", {}, num(() => tk.b, (x) => { tk.b = x; }, "pg-b" + t, "0.05")) : null)))));
+        delta ? h("td", {}, num(() => tk.b, (x) => { tk.b = x; }, "pg-b" + t, "0.05")) : null))))));
     };
     const compute = () => {
       const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
