@@ -20,8 +20,8 @@ from linattn import memory, reference
 from linattn.explainer import build_page, lab_source
 
 EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes",
-                   "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "devices", "code",
-                   "saves", "long", "quality", "exercises", "lab", "playground", "references"]
+                   "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "orders", "devices",
+                   "code", "saves", "long", "quality", "exercises", "lab", "playground", "references"]
 PHONE, DESKTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 800}
 
 
@@ -762,3 +762,40 @@ def test_notation_is_typeset(page, page_url):
     _go_scene(page, "chunks", 1)
     assert "_" not in page.inner_text("#stage")
     assert page.evaluate("[...document.querySelectorAll('#stage sub')].map(s => s.textContent)").count("prev") >= 2
+
+
+def _set(pg, sel: str, value) -> None:
+    pg.fill(sel, str(value))
+    pg.dispatch_event(sel, "input")
+
+
+def test_three_orders_picture_agrees_with_the_reference(page, page_url):
+    from linattn.explainer.scenes import CHUNK_KEYS, CHUNK_VALUES, KERNEL_QUERY
+
+    T = len(CHUNK_KEYS)
+    q = np.tile(KERNEL_QUERY, (T, 1))[None, :, None]
+    k, v = np.array(CHUNK_KEYS)[None, :, None], np.array(CHUNK_VALUES).reshape(1, T, 1, 1)
+    page.goto(page_url)
+    _go_scene(page, "orders", 0)
+    for t in (5, 3, 1):
+        _set(page, "#orders-t", t)
+        lit = page.eval_on_selector_all("#orders-A .cell.lit", "cs => cs.map(c => [c.dataset.t, c.dataset.i])")
+        assert lit == [[str(t), str(i)] for i in range(1, t + 1)]  # row t, entries i <= t
+        o, S, _ = reference.linear_attention(q[:, :t], k[:, :t], v[:, :t], scale=1.0, eps=0.0)
+        assert page.inner_text("#orders-sum") == "Σ = " + "[" + ", ".join(f"{x:g}" for x in S[0, 0, :, 0]) + "]"
+        y = f"{round(float(o[0, -1, 0, 0]), 4):g}"
+        assert page.inner_text("#orders-y").endswith(" = " + y)
+        assert page.inner_text("#orders-dense-y").endswith("= " + y)
+    _go_scene(page, "orders", 1)
+    _set(page, "#orders-t", 5)
+    _set(page, "#orders-alpha", 0.5)
+    o, S, _ = reference.linear_attention(q, k, v, rule="gated", scale=1.0, eps=0.0, g=np.log(np.full((1, T, 1), 0.5)))
+    assert page.inner_text("#orders-y").endswith(f" = {round(float(o[0, -1, 0, 0]), 4):g}")
+    shades = page.eval_on_selector_all("#orders-A .cell.lit",
+                                       "cs => cs.map(c => Number(c.style.getPropertyValue('--shade')))")
+    assert shades == sorted(shades) and shades[0] < shades[-1]  # older writes paler
+    _go_scene(page, "orders", 2)
+    _set(page, "#orders-chunk", 2)
+    blocks = page.evaluate("document.querySelectorAll('#orders-A .cell.block').length")
+    assert blocks == 3 + 3 + 1  # the lower triangles of the 2x2, 2x2 and 1x1 diagonal blocks
+    assert page.evaluate("document.querySelectorAll('#orders-strip .chip.state').length") == 2

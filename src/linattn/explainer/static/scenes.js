@@ -617,6 +617,65 @@ scene({ id: "chunks", title: T("In training, state updates run in parallel block
     return (n) => { sub = n; draw(); };
   } });
 
+scene({ id: "orders", title: T("Three orders, one picture", "三种计算顺序，一张图"),
+  text: [T("The same outputs three ways. Row t of the T × T matrix A holds how much each earlier token i counts for the query at t (dense form: Y = AV / rowsum(A)). The recurrent state Sₜ is exactly the sum of the writes lit in that row. Drag t: the row moves, and Sₜ is rebuilt from its entries.",
+      "同一组输出，三种算法。T × T 矩阵 A 的第 t 行是每个更早的词元 i 对时刻 t 的查询有多重要（稠密形式：Y = AV / rowsum(A)）。递推状态 Sₜ 恰好是这一行里亮起的那些写入之和。拖动 t：这一行随之移动，Sₜ 由它的各项重新组成。"),
+    T("A gate α multiplies entry (t, i) by the product of the gates after i, αᵢ₊₁⋯αₜ: the older the write, the paler its cell, and Sₜ shrinks by the same factors. Move α (1 means no gate).",
+      "门 α 把第 (t, i) 项乘以 i 之后所有门的乘积 αᵢ₊₁⋯αₜ：写入越早，格子越淡，Sₜ 也按同样的因子缩小。移动 α（1 表示没有门）。"),
+    T("The chunk form cuts A into diagonal blocks of C tokens. Each block is a small dense product; everything left of a block is never formed: it is read through the state carried from chunk to chunk (the strip below). Any C gives the same y.",
+      "分块形式把 A 切成边长为 C 的对角块。每个块是一次小的稠密乘法；块左边的部分从不显式构造：它通过在块与块之间传递的状态读出（下方的条带）。任何 C 都给出同样的 y。")],
+  build(root) {
+    const d = DATA.chunks, n = d.keys.length, q = d.query;
+    const mk = (id, min, max, step, value) => h("input", { type: "range", id, min, max, step, value });
+    const tIn = mk("orders-t", 1, n, 1, n), aIn = mk("orders-alpha", 0.05, 1, 0.05, 1), cIn = mk("orders-chunk", 1, n, 1, 2);
+    const tOut = h("output", { id: "orders-t-value" }), aOut = h("output", { id: "orders-alpha-value" }), cOut = h("output", { id: "orders-chunk-value" });
+    const ctl = (label, inp, out) => h("label", { class: "control" }, fx(label), inp, " ", out);
+    const controls = h("div", { class: "controls" }), view = h("div", {});
+    root.append(controls, view);
+    let sub = -1;
+    const draw = (entering) => {
+      const t = Number(tIn.value), a = Number(aIn.value), C_ = sub === 2 ? Number(cIn.value) : n;
+      tOut.textContent = String(t); aOut.textContent = fmt(a); cOut.textContent = String(C_);
+      // The engine runs the recurrence; A is formed from q, k and the gates directly, and the two must agree.
+      const alpha = Array(n).fill(a), res = run({ rule: "gated", q, k: d.keys, v: d.values.map((x) => [x]), alpha, eps: 0 });
+      const decay = (tt, i) => Math.pow(a, tt - i), dot = (x, y) => x[0] * y[0] + x[1] * y[1];
+      const A = d.keys.map((_, tt) => d.keys.map((k, i) => (i <= tt ? dot(q, k) * decay(tt, i) : null)));
+      const chunkOf = (i) => Math.floor(i / C_), ti = t - 1, Arow = A[ti];
+      const g = h("div", { class: "grid orders-A", id: "orders-A", style: "grid-template-columns: repeat(" + (n + 1) + ", auto)" }, h("div", { class: "cell head" }, "t \\ i"),
+        d.keys.map((_, i) => h("div", { class: "cell head" }, String(i + 1))));
+      A.forEach((row, tt) => {
+        g.append(h("div", { class: "cell head" + (tt === ti ? " lit-head" : "") }, String(tt + 1)));
+        row.forEach((x, i) => {
+          const inBlock = chunkOf(i) === chunkOf(tt), cls = x === null ? " off" : (tt === ti ? " lit" : "") + (sub === 2 ? (inBlock ? " block" : " carried") : "");
+          const cell = h("div", { class: "cell" + cls, "data-t": tt + 1, "data-i": i + 1 }, x === null ? "" : fmt(x, 3));
+          if (x !== null) cell.style.setProperty("--shade", (0.15 + 0.85 * decay(tt, i)).toFixed(3));
+          g.append(cell);
+        });
+      });
+      // Row t's writes, weighted as in A, sum to S_t (the engine's): the same numbers, two orders.
+      const writes = Arow.map((x, i) => (x === null ? null : d.keys[i].map((kk) => decay(ti, i) * kk * d.values[i])));
+      const sum = [0, 1].map((r) => writes.reduce((acc, w) => acc + (w ? w[r] : 0), 0)), S = res.S[ti].map((r) => r[0]);
+      const num = Arow.reduce((acc, x, i) => acc + (x === null ? 0 : x * d.values[i]), 0), den = Arow.reduce((acc, x) => acc + (x || 0), 0);
+      const wl = h("div", { class: "orders-writes" }, writes.map((w, i) => (w ? h("div", { class: "write" }, fx(fmt(decay(ti, i), 4) + " · φ(k" + "₁₂₃₄₅"[i] + ")v" + "₁₂₃₄₅"[i] + " = " + vec(w, 4))) : null)),
+        h("div", { class: "big sym-S", id: "orders-sum" }, "Σ = " + vec(sum, 4)));
+      const Sbox = box(fx("Sₜ " + tr(T("from the recurrence", "由递推得到"))), grid(S.map((x) => [fmt(x, 4)]), { sym: "S", rowHeads: ["φ₁", "φ₂"] }),
+        h("div", { class: "big sym-y", id: "orders-y" }, "y" + "₁₂₃₄₅"[ti] + " = " + fmt(res.y[ti][0], 4)),
+        h("div", { class: "muted", id: "orders-dense-y" }, tr(T("row t of AV / rowsum(A): ", "AV / rowsum(A) 的第 t 行：")) + fmt(num, 4) + " / " + fmt(den, 4) + " = " + fmt(num / den, 4)));
+      const strip = sub === 2 ? h("div", { class: "orders-strip", id: "orders-strip" }, tr(T("carried state: ", "携带的状态：")),
+        Array.from({ length: Math.ceil(n / C_) }, (_, c) => Math.min(n, (c + 1) * C_)).map((stop, c, all) => [
+          h("span", { class: "chip chunk" + (c % 2) }, tr(T("chunk ", "块 ")) + (c + 1) + ": " + (c * C_ + 1) + "–" + stop),
+          c < all.length - 1 ? h("span", { class: "chip state" }, fx("S = " + vec(res.S[stop - 1].map((r) => r[0]), 4))) : null])) : null;
+      put(view, h("div", { class: "row" }, box(h("span", {}, h("span", { class: "sym sym-A" }, "A"), fx(" = (Q̃K̃ᵀ) ⊙ D")), g), box(fx(tr(T("writes lit in row t", "第 t 行亮起的写入"))), wl), Sbox), strip);
+      if (entering) view.querySelectorAll(".cell.lit").forEach((c, i) => anim(c, [{ transform: "scale(1.25)" }, { transform: "none" }], { duration: 450, delay: 90 * i }));
+    };
+    [tIn, aIn, cIn].forEach((inp) => inp.addEventListener("input", quietly(() => draw(false))));
+    return (nsub) => {
+      if (nsub !== sub) put(controls, ctl("t = ", tIn, tOut), nsub >= 1 ? ctl("α = ", aIn, aOut) : null, nsub === 2 ? ctl(ui("chunk") + " C = ", cIn, cOut) : null);
+      if (nsub === 0) aIn.value = "1";
+      sub = nsub; draw(true);
+    };
+  } });
+
 scene({ id: "devices", title: T("Across devices: segments exchange states, not tokens", "跨设备：各段交换状态，而不是词元"),
   text: [T("Every rule maps a segment's incoming state affinely: S_out = P·S_in + Q. Each device runs its segment from a zero state (that is Q) and knows P from its own tokens: here gated delta, P = Π α(I − β k kᵀ) in token order. Composing the pairs as in the scan, (P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂), gives the state of one pass over all tokens.",
     "每条规则都把一段的输入状态仿射地映射为 S_out = P·S_in + Q。每个设备从零状态运行自己的那一段（得到 Q），并由自己的词元得到 P：这里是门控 delta，P = Π α(I − β k kᵀ)，按词元顺序相乘。像扫描那样复合这些对，(P₂,Q₂)∘(P₁,Q₁) = (P₂P₁, P₂Q₁ + Q₂)，就得到对全部词元一次运行的状态。")],
