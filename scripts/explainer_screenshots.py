@@ -23,7 +23,7 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from linattn.tools.explainer import build_page  # noqa: E402
 
-SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+SIZES = {"desktop": (1280, 800), "phone": (390, 844), "landscape": (640, 400)}
 # The README's pictures: (file name, language, size, scene, step within the scene).
 README = [
     ("explainer-hero.png", "en", "desktop", "tokens", 3),

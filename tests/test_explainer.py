@@ -215,4 +215,30 @@ def test_lab_chunk_size_flag(capsys):
     assert "chunk sizes 3)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         lab_np.main(["--chunk-size", "0"])
-    assert "--chunk-size must be at least 1" in capsys.readouterr().err
+    assert "argument --chunk-size: must be at least 1, got 0" in capsys.readouterr().err
+    for bad, says in ((["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+                      (["--seed", "x"], "argument --seed: expected a whole number, got 'x'")):
+        with pytest.raises(SystemExit):
+            lab_np.main(bad)
+        assert says in capsys.readouterr().err
+
+
+def test_lab_runs_on_python_3_9():
+    """lab.py promises Python >= 3.9: no zip(strict=...) (3.10), no match statements; it compiles under 3.9."""
+    import ast
+    import shutil
+    import subprocess
+
+    tree = ast.parse(lab_source())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "zip":
+            assert not node.keywords, "zip(strict=...) needs Python 3.10"
+        assert type(node).__name__ not in ("Match", "TryStar"), type(node).__name__
+    for py39 in (shutil.which("python3.9"), *sorted(Path("/root/.pyenv/versions").glob("3.9.*/bin/python"))):
+        probe = py39 and subprocess.run([str(py39), "-c", "import sys; print(sys.version_info[:2] == (3, 9))"],
+                                        capture_output=True, text=True, timeout=60)
+        if probe and probe.stdout.strip() == "True":  # a working 3.9: lab.py must compile under it
+            res = subprocess.run([str(py39), "-c", "import sys; compile(sys.stdin.read(), 'lab.py', 'exec')"],
+                                 input=lab_source(), capture_output=True, text=True, timeout=60)
+            assert res.returncode == 0, res.stderr
+            break

@@ -21,8 +21,8 @@ from linattn.tools import memory
 from linattn.tools.explainer import build_page, lab_source
 
 EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes",
-                   "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "devices", "code",
-                   "saves", "long", "quality", "exercises", "lab", "playground", "references"]
+                   "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "orders", "devices",
+                   "code", "saves", "long", "quality", "exercises", "lab", "playground", "references"]
 PHONE, DESKTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 800}
 
 
@@ -173,7 +173,8 @@ STEP_CHECKS = """() => {
 ZH_FORBIDDEN = ["token ", "write", "read q", "S (from 0)", "softmax + KV cache", "linear attention state", "ε mode",
                 "elu+1 kernel", "rule ", "chunk size", "numerator", "denominator", "Show worked", "Check", "writes",
                 "prediction", "weight of token", "state after", "device ", "one pass", "source:", "new e", "old e",
-                "weight(", "num =", "den =", "for every token", "term by term", "hypothetical", "symptom", "mixer"]
+                "weight(", "num =", "den =", "for every token", "term by term", "hypothetical", "symptom", "mixer",
+                " bytes", "add: d", "clamp: max", "gated a=", "state_dtype", "head_dim", "kv_heads", "S_prev", "Q̃_c"]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -233,7 +234,7 @@ WORKED = [  # scene, its step within the scene, text that must be on screen (bot
     ("tokens", 3, "S = [5, 7]"), ("tokens", 3, "z = [2, 2]"),
     ("read", 2, "y = 17/6 ≈ 2.8333"), ("read", 1, "2 × 5 + 1 × 7 = 17"), ("read", 1, "2 × 2 + 1 × 2 = 6"),
     ("eps", 0, "ε = 1e-6: 1; ε = 1e-8: 1.9802"),
-    ("memory", 0, "33,816,576 bytes"), ("memory", 0, "32.25 MiB"), ("memory", 0, "T = 129"),
+    ("memory", 0, "33,816,576"), ("memory", 0, "32.25 MiB"), ("memory", 0, "T = 129"),
     ("crossover", 0, "KV 16 KiB"), ("crossover", 0, "64.5 KiB"), ("crossover", 1, "KV 4 MiB"),
     ("gates", 0, "S: 2 → 5 → 10.5; z: 1 → 1.5 → 1.75"),
     ("scan", 1, "(0.0625, 21.25)"), ("scan", 2, "(0.25, 4)"), ("scan", 2, "(0.0625, 1.875)"),
@@ -253,7 +254,11 @@ def test_worked_numbers_appear_in_their_scenes(page, page_url, lang):
     page.goto(f"{page_url}?lang={lang}")
     for scene, sub, text in WORKED:
         _go_scene(page, scene, sub)
-        assert text in page.inner_text("#stage .visual"), (scene, sub, text)
+        # Some numbers appear only when the moving contribution that makes them lands.
+        page.wait_for_function("t => document.querySelector('#stage .visual').innerText.includes(t)", arg=text,
+                               timeout=5000)
+    _go_scene(page, "memory", 0)
+    assert ("33,816,576 字节" if lang == "zh" else "33,816,576 bytes") in page.inner_text("#mem-state")
     _go_scene(page, "intro", 0)
     assert "17/6" not in page.inner_text("#stage")  # the numbers are in their scenes, not everywhere
 
@@ -363,7 +368,7 @@ def test_exercise_boxes_check_answers(page, page_url):
         cases = [  # (exercise, right answers as a learner types them, a wrong answer set)
             (0, ["17/6", "1.8333"], ["3", "2"]),
             (1, ["74/11"], ["6"]),
-            (2, ["4", "8"], ["2.5", "5"]),  # the overshoot: 2.5 and 5 belong to beta = 1/k^2, not to beta = 0.5
+            (2, ["4", "8"], ["2.5", "5"]),  # the overshoot: 2.5 and 5 come from leaving the key's norm out
         ]
         for ex, right, wrong in cases:
             _go_scene(page, "exercises", ex)
@@ -525,3 +530,273 @@ def test_mqar_table_shows_the_sweep_or_says_nothing_is_finished(browser, tmp_pat
         else:
             assert expect in text and pg.locator("#mqar-table").count() == 0
         _close(pg, path.as_uri())
+
+
+def _settle(pg) -> None:
+    """Let every running animation finish (the arrivals they trigger then run)."""
+    pg.wait_for_function("() => document.getAnimations().every(a => a.playState !== 'running')", timeout=8000)
+
+
+def test_gate_slider_drags_and_the_picture_follows(page, page_url):
+    page.goto(page_url)
+    _go_scene(page, "gates", 0)
+    _settle(page)
+    page.evaluate("document.getElementById('gate-alpha').dataset.probe = 'same'")
+    box = page.locator("#gate-alpha").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] / 2, y)  # the knob sits at alpha = 0.5
+    page.mouse.down()
+    seen = []
+    for frac in (0.6, 0.75, 0.9, 1.0):
+        page.mouse.move(box["x"] + box["width"] * frac + 4, y, steps=3)
+        seen.append(page.inner_text("#gate-alpha-value"))
+        # While dragging nothing restarts: no bar is animating its entrance again.
+        bars = "document.getAnimations().filter(a => a.effect.target.classList.contains('bar')).length"
+        assert page.evaluate(bars) == 0
+    page.mouse.up()
+    assert len(set(seen)) >= 3, seen  # the picture followed the knob through the drag
+    assert page.evaluate("document.getElementById('gate-alpha').dataset.probe") == "same"  # the same element
+    a = float(page.input_value("#gate-alpha"))
+    assert a == 1.0
+    o, S, z = reference.linear_attention(np.ones((1, 3, 1, 1)), np.ones((1, 3, 1, 1)),
+                                         np.array([2.0, 4.0, 8.0]).reshape(1, 3, 1, 1), rule="gated", scale=1.0,
+                                         g=np.log(np.full((1, 3, 1), a)), eps=0.0)
+    assert page.inner_text("#gate-seq").startswith(f"S: 2 → 6 → {float(S[0, 0, 0, 0]):g}")
+
+
+def test_bars_in_a_box_start_at_one_x(page, page_url):
+    page.goto(page_url)
+    for scene, sub in (("gates", 0), ("softmax", 0), ("eps", 0), ("quality", 0), ("whyz", 0)):
+        _go_scene(page, scene, sub)
+        lefts = page.evaluate("""() => [...document.querySelectorAll('#stage .bars')].map(g =>
+            [...new Set([...g.querySelectorAll('.bartrack')].map(t => Math.round(t.getBoundingClientRect().left)))])""")
+        assert lefts and all(len(x) == 1 for x in lefts), (scene, lefts)
+
+
+CELL_TEXT = "document.getElementById('tokens-cell-S1').textContent"
+FLOWS = "document.getAnimations().filter(a => a.effect.target.classList.contains('flow') && a.playState === 'running')"
+
+
+def test_a_cell_changes_only_when_its_contribution_lands(page, page_url):
+    page.goto(page_url)
+    _go_scene(page, "tokens", 1)
+    _settle(page)
+    _go_scene(page, "tokens", 2)  # token 2: phi(k) = [0, 1], v = 4 writes 4 into S's second row
+    assert page.evaluate(f"{FLOWS}.length") >= 2
+    to_s1 = "document.getAnimations().filter(a => a.effect.target.dataset.to === 'S1' && a.playState === 'running')"
+    samples = page.evaluate(f"""async () => {{
+        const out = [];
+        for (let i = 0; i < 60; i++) {{
+          out.push([{CELL_TEXT}, {to_s1}.length]);
+          await new Promise(r => setTimeout(r, 50));
+        }}
+        return out;
+    }}""")
+    # While the contribution for S's second row is on its way the cell shows the old 0; it shows 4 once it landed.
+    assert samples[0] == ["0", 1], samples
+    assert all((text == "0") == (moving == 1) for text, moving in samples), samples
+    assert samples[-1] == ["4", 0], samples
+    _settle(page)
+    assert page.evaluate(CELL_TEXT) == "4" and "S = [2, 4], z = [1, 1]" in page.inner_text("#stage .visual")
+    # The delta rule: the error travels back, and only its landing moves the cell from 2 to 3.5.
+    _go_scene(page, "delta", 1)
+    cell = "document.querySelector('#stage .grid-S .cell[data-i=\"0\"]').textContent"
+    assert page.evaluate(cell) == "2" and page.evaluate("document.querySelectorAll('.traveller').length") == 1
+    page.wait_for_function(f"() => {cell} === '3.5'", timeout=5000)
+    assert page.evaluate("document.querySelectorAll('.traveller').length") == 0
+    # The read: phi(q)'s entries scale S's rows; the numerator shows 17 once both products are in.
+    _go_scene(page, "read", 1)
+    assert page.inner_text("#read-num").endswith("= …")
+    page.wait_for_function("() => document.getElementById('read-num').textContent.endsWith('= 17')", timeout=5000)
+    rows = page.evaluate("document.querySelectorAll('#stage .grid-S .cell:not(.head)').length")
+    cols = page.evaluate("getComputedStyle(document.querySelector('#stage .grid-S')).gridTemplateColumns"
+                         ".split(' ').length")
+    assert rows == 2 and cols == 2  # S is a column (a head column beside one value column), not a row
+
+
+def test_reduced_motion_lands_at_once(browser, page_url):
+    pg = _open(browser, page_url, reduced_motion="reduce")
+    pg.goto(page_url)
+    _go_scene(pg, "tokens", 3)
+    assert pg.evaluate(CELL_TEXT) == "7" and pg.evaluate("document.getAnimations().length") == 0
+    _go_scene(pg, "delta", 1)
+    assert pg.evaluate("document.querySelector('#stage .grid-S .cell[data-i=\"0\"]').textContent") == "3.5"
+    _close(pg, page_url)
+
+
+EXERCISE_CASES = [  # exercise, typed answers, diagnosis
+    (0, ["17/6", "11/6"], "right"), (0, ["2.8333", "1.8333"], "right"), (0, ["１７／６", "１１/６"], "right"),
+    (0, ["34/12", "1.83333"], "right"), (0, ["8/3", "5/3"], "mistake-0"), (0, ["2.6667", "1.6667"], "mistake-0"),
+    (0, ["17", "11"], "mistake-1"), (0, ["2.8", "1.8"], "short"), (0, ["2.9", "1.9"], "wrong"),
+    (1, ["74/11"], "right"), (1, ["6.7273"], "right"), (1, ["6.7"], "short"), (1, ["6.72"], "short"),
+    (1, ["6"], "mistake-0"), (1, ["14/3"], "mistake-1"), (1, ["９.２５"], "mistake-2"),
+    (2, ["4", "8"], "right"), (2, ["４", "８。"], "right"), (2, ["2.5", "5"], "mistake-0"),
+    (2, ["2.5", "6"], "mistake-1"),
+    (2, ["4", "4"], "mistake-2"), (2, ["", "8"], "blank"),
+]
+
+
+def test_exercises_diagnose_mistakes_and_keep_answers(page, page_url):
+    page.goto(page_url)
+    for ex, typed, want in EXERCISE_CASES:
+        _go_scene(page, "exercises", ex)
+        for i, text in enumerate(typed):
+            page.fill(f"#ex-answer-{i}", text)
+        page.click("#ex-check")
+        assert page.get_attribute("#ex-verdict", "data-diagnosis") == want, (ex, typed)
+    said = {ex: None for ex in range(3)}
+    _go_scene(page, "exercises", 0)
+    page.fill("#ex-answer-0", "8/3")
+    page.fill("#ex-answer-1", "5/3")
+    page.click("#ex-check")
+    said[0] = page.inner_text("#ex-verdict")
+    assert "Token 3" in said[0] and "forgotten" in said[0]
+    _go_scene(page, "exercises", 2)
+    page.fill("#ex-answer-0", "2.5")
+    page.fill("#ex-answer-1", "5")
+    page.click("#ex-check")
+    assert "unit-key result applied to k = 2" in page.inner_text("#ex-verdict")
+    # Leaving and coming back, or switching language, keeps what was typed and the verdict.
+    _go_scene(page, "intro", 0)
+    _go_scene(page, "exercises", 0)
+    assert page.input_value("#ex-answer-0") == "8/3" and page.input_value("#ex-answer-1") == "5/3"
+    assert page.get_attribute("#ex-verdict", "data-diagnosis") == "mistake-0"
+    page.click("#lang-zh")
+    assert page.input_value("#ex-answer-0") == "8/3" and "词元 3" in page.inner_text("#ex-verdict")
+    page.click("#lang-en")
+
+
+# The checks at every size: nothing wider than the viewport, picture text at least 14 px, the picture in view.
+FIT = """() => {
+  const W = document.documentElement.clientWidth, H = document.documentElement.clientHeight, wide = [], small = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (el.closest('.scroll, pre, .formula')) continue;
+    const r = el.getBoundingClientRect();
+    if (r.width && (r.right > W + 1 || r.left < -1)) wide.push(el.tagName + ' ' + el.id + ' ' + Math.round(r.right));
+  }
+  for (const t of document.querySelectorAll('#stage svg text')) {  // charts and diagrams alike
+    const px = parseFloat(getComputedStyle(t).fontSize) * t.ownerSVGElement.getBoundingClientRect().width
+      / t.ownerSVGElement.viewBox.baseVal.width;
+    if (px < 13.5) small.push(t.textContent + ' ' + px.toFixed(1));
+  }
+  const v = document.querySelector('#stage .visual').getBoundingClientRect();
+  const n = document.getElementById('narration').getBoundingClientRect();
+  return { wide: wide.slice(0, 3), small: small.slice(0, 3), visualTop: v.top, visualLeft: v.left, narrTop: n.top,
+           narrLeft: n.left, H };
+}"""
+SIZES = [{"width": 390, "height": 844}, {"width": 640, "height": 400}, DESKTOP, {"width": 1920, "height": 1080}]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s['width']}x{s['height']}")
+def test_every_size_fits_and_shows_the_picture(browser, page_url, size):
+    pg = _open(browser, page_url, viewport=size, reduced_motion="reduce")
+    pg.goto(page_url)
+    for scene in EXPECTED_SCENES:
+        for sub in range(3):
+            start = pg.evaluate(f"window.linattnExplainer.sceneStarts[{EXPECTED_SCENES.index(scene)}]")
+            if sub and (scene == EXPECTED_SCENES[-1] or
+                        pg.evaluate(f"window.linattnExplainer.sceneStarts[{EXPECTED_SCENES.index(scene) + 1}]")
+                        <= start + sub):
+                break
+            pg.evaluate(f"window.linattnExplainer.go({start + sub})")
+            r = pg.evaluate(FIT)
+            assert not r["wide"] and not r["small"], (size, scene, sub, r)
+            assert r["visualTop"] < r["H"] * 0.6, (size, scene, r)  # the picture starts in the upper part
+            if size["width"] < 600:
+                assert r["visualTop"] < r["narrTop"], (size, scene)  # phone: picture first, narration below
+            else:
+                assert r["visualLeft"] > r["narrLeft"], (size, scene)  # side by side
+    _close(pg, page_url)
+
+
+def test_layout_follows_rotation(browser, page_url):
+    pg = _open(browser, page_url, viewport={"width": 390, "height": 844})
+    pg.goto(page_url)
+    _go_scene(pg, "norm", 0)
+    r = pg.evaluate(FIT)
+    assert r["visualTop"] < r["narrTop"] and not r["wide"]
+    chart_w = "() => document.querySelector('#stage svg.chart').viewBox.baseVal.width"
+    width = pg.evaluate(chart_w)
+    pg.set_viewport_size({"width": 844, "height": 390})
+    pg.wait_for_function(f"() => ({chart_w})() !== {width}", timeout=3000)
+    r = pg.evaluate(FIT)
+    assert r["visualLeft"] > r["narrLeft"] and not r["wide"] and not r["small"], r
+    pg.set_viewport_size({"width": 390, "height": 844})
+    pg.wait_for_function(f"() => ({chart_w})() === {width}", timeout=3000)
+    assert pg.evaluate(FIT)["visualTop"] < pg.evaluate(FIT)["narrTop"]
+    _close(pg, page_url)
+
+
+def test_tables_become_lists_on_a_phone(browser, page_url):
+    pg = _open(browser, page_url, viewport=PHONE)
+    pg.goto(page_url)
+    _go_scene(pg, "chunks", 1)
+    table = pg.locator("#chunk-table")
+    box = table.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    assert pg.evaluate("getComputedStyle(document.querySelector('#chunk-table td')).display") == "block"
+    label = pg.evaluate("getComputedStyle(document.querySelector('#chunk-table td:nth-child(8)'), '::before').content")
+    assert label == '"y"'
+    _close(pg, page_url)
+
+
+def test_lab_scene_shows_what_lab_py_prints(page, page_url):
+    import contextlib
+    import io
+
+    from linattn.tools.explainer import lab_standalone
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert lab_standalone.main([]) == 0
+    page.goto(page_url)
+    _go_scene(page, "lab", 0)
+    shown = page.inner_text("#lab-output")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(lab_standalone.CHECKS) + 2
+    for line in lines:
+        assert line in shown
+
+
+def test_notation_is_typeset(page, page_url):
+    page.goto(page_url)
+    _go_scene(page, "chunks", 1)
+    assert "_" not in page.inner_text("#stage")
+    assert page.evaluate("[...document.querySelectorAll('#stage sub')].map(s => s.textContent)").count("prev") >= 2
+
+
+def _set(pg, sel: str, value) -> None:
+    pg.fill(sel, str(value))
+    pg.dispatch_event(sel, "input")
+
+
+def test_three_orders_picture_agrees_with_the_reference(page, page_url):
+    from linattn.tools.explainer.scenes import CHUNK_KEYS, CHUNK_VALUES, KERNEL_QUERY
+
+    T = len(CHUNK_KEYS)
+    q = np.tile(KERNEL_QUERY, (T, 1))[None, :, None]
+    k, v = np.array(CHUNK_KEYS)[None, :, None], np.array(CHUNK_VALUES).reshape(1, T, 1, 1)
+    page.goto(page_url)
+    _go_scene(page, "orders", 0)
+    for t in (5, 3, 1):
+        _set(page, "#orders-t", t)
+        lit = page.eval_on_selector_all("#orders-A .cell.lit", "cs => cs.map(c => [c.dataset.t, c.dataset.i])")
+        assert lit == [[str(t), str(i)] for i in range(1, t + 1)]  # row t, entries i <= t
+        o, S, _ = reference.linear_attention(q[:, :t], k[:, :t], v[:, :t], scale=1.0, eps=0.0)
+        assert page.inner_text("#orders-sum") == "Σ = " + "[" + ", ".join(f"{x:g}" for x in S[0, 0, :, 0]) + "]"
+        y = f"{round(float(o[0, -1, 0, 0]), 4):g}"
+        assert page.inner_text("#orders-y").endswith(" = " + y)
+        assert page.inner_text("#orders-dense-y").endswith("= " + y)
+    _go_scene(page, "orders", 1)
+    _set(page, "#orders-t", 5)
+    _set(page, "#orders-alpha", 0.5)
+    o, S, _ = reference.linear_attention(q, k, v, rule="gated", scale=1.0, eps=0.0, g=np.log(np.full((1, T, 1), 0.5)))
+    assert page.inner_text("#orders-y").endswith(f" = {round(float(o[0, -1, 0, 0]), 4):g}")
+    shades = page.eval_on_selector_all("#orders-A .cell.lit",
+                                       "cs => cs.map(c => Number(c.style.getPropertyValue('--shade')))")
+    assert shades == sorted(shades) and shades[0] < shades[-1]  # older writes paler
+    _go_scene(page, "orders", 2)
+    _set(page, "#orders-chunk", 2)
+    blocks = page.evaluate("document.querySelectorAll('#orders-A .cell.block').length")
+    assert blocks == 3 + 3 + 1  # the lower triangles of the 2x2, 2x2 and 1x1 diagonal blocks
+    assert page.evaluate("document.querySelectorAll('#orders-strip .chip.state').length") == 2

@@ -121,8 +121,9 @@ def check_scan(rng):
     k, v = features(rng, T, r), rng.standard_normal((T, dv))
     alpha = rng.uniform(0.1, 1.0, T)
     maps = [(alpha[t], np.outer(k[t], v[t])) for t in range(T)]
-    while len(maps) > 1:  # (a2, B2) o (a1, B1) = (a2 a1, a2 B1 + B2), pairwise: log2(T) levels
-        maps = [(m2[0] * m1[0], m2[0] * m1[1] + m2[1]) for m1, m2 in zip(maps[::2], maps[1::2], strict=True)]
+    while len(maps) > 1:  # (a2, B2) o (a1, B1) = (a2 a1, a2 B1 + B2), pairwise: log2(T) levels (T = 8)
+        maps = [(maps[i + 1][0] * maps[i][0], maps[i + 1][0] * maps[i][1] + maps[i + 1][1])
+                for i in range(0, len(maps), 2)]
     coeff = decay_matrix(alpha)[-1]  # token i's weight at the end: the product of the gates after it
     closed = sum(coeff[i] * np.outer(k[i], v[i]) for i in range(T))
     loop = recurrent(k, k, v, "gated", alpha=alpha, normalize=False)[1]
@@ -230,14 +231,25 @@ CHECKS = [
 ]
 
 
+def whole_number(least):
+    """An argparse type: an integer >= least, refused with a one-line message otherwise (Python 3.9+)."""
+    def parse(text):
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {n}")
+        return n
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument("--chunk-size", type=int, default=None, metavar="N",
+    parser.add_argument("--seed", type=whole_number(0), default=0, help="seed of the random inputs, >= 0 (default 0)")
+    parser.add_argument("--chunk-size", type=whole_number(1), default=None, metavar="N",
                         help=f"chunk size of the chunk check (default: each of {', '.join(map(str, CHUNK_SIZES))})")
     args = parser.parse_args(argv)
-    if args.chunk_size is not None and args.chunk_size < 1:
-        parser.error(f"--chunk-size must be at least 1, got {args.chunk_size}")
     seed, sizes = args.seed, CHUNK_SIZES if args.chunk_size is None else (args.chunk_size,)
     failed = 0
     for name, check in CHECKS:

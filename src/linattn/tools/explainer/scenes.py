@@ -8,6 +8,7 @@ Every value the page shows in a scripted scene comes from here: :mod:`linattn.re
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -290,7 +291,7 @@ def exercises() -> list[dict[str, Any]]:
     coeffs = [float(np.prod(alpha[i + 1 :])) for i in range(3)]
     three = _run([[2.0]], [5.0], [[2.0]], rule="delta", beta=[0.5], initial_S=[[1.0]])
     fixed = _run([[2.0]], [5.0], [[2.0]], rule="delta", beta=[0.25], initial_S=[[1.0]])
-    return [
+    exercises = [
         {"id": "matrix3", "S": S.tolist(), "z": z.tolist(), "num": (q @ S).tolist(), "den": float(q @ z),
          "answers": one["y"][-1]},
         {"id": "gate", "alpha": alpha, "coeffs": coeffs, "num": float(two["S"][-1][0][0]),
@@ -299,13 +300,33 @@ def exercises() -> list[dict[str, Any]]:
          [three["S"][0][0][0], three["y"][0][0]], "fixed_beta": 0.25, "fixed_S": fixed["S"][0][0][0],
          "fixed_prediction": fixed["y"][0][0]},
     ]
+    for ex in exercises:  # each answer as an exact fraction too, so the page can tell 74/11 from 6.7
+        ex["fractions"] = [_fraction(x) for x in ex["answers"]]
+    return exercises
+
+
+def _fraction(x: float) -> list[int]:
+    """[numerator, denominator] of a float that is a small fraction (the exercises' answers); checked, not guessed."""
+    f = Fraction(x).limit_denominator(1000)
+    if abs(float(f) - x) > 1e-12 * max(1.0, abs(x)):
+        raise ValueError(f"{x!r} is not a fraction with a denominator up to 1000")
+    return [f.numerator, f.denominator]
 
 
 def lab_scene() -> dict[str, Any]:
-    """The lab's first four check names (its PASS lines) and its chunk sizes, from the lab itself."""
+    """What ``python3 lab.py`` prints, from running the lab itself at build time, and its chunk sizes."""
+    import contextlib
+    import io
+
     from linattn.tools.explainer import lab_standalone
 
-    return {"checks": [name for name, _ in lab_standalone.CHECKS[:4]], "chunk_sizes": list(lab_standalone.CHUNK_SIZES)}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = lab_standalone.main([])
+    if status != 0:
+        raise RuntimeError("lab.py fails its own checks:\n" + out.getvalue())
+    return {"output": out.getvalue().splitlines(), "checks": [name for name, _ in lab_standalone.CHECKS],
+            "chunk_sizes": list(lab_standalone.CHUNK_SIZES)}
 
 
 def build_data() -> dict[str, Any]:

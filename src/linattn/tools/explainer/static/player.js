@@ -3,7 +3,7 @@
 const STEPS = SCENES.flatMap((sc, si) => sc.text.map((_, sub) => ({ si, sub })));
 const SCENE_START = SCENES.map((_, si) => STEPS.findIndex((st) => st.si === si) + 1);
 const stage = document.getElementById("stage"), timeline = document.getElementById("timeline");
-let current = { step: 0, si: -1, lang: null, update: null };
+let current = { step: 0, si: -1, lang: null, update: null, width: 0 };
 
 function clampStep(n) { return Math.min(STEPS.length, Math.max(1, Math.round(Number(n)) || 1)); }
 function stepFromHash() {
@@ -11,14 +11,15 @@ function stepFromHash() {
   return m ? clampStep(Number(m[1])) : 1;
 }
 
-function render(step) {
+function render(step, rebuild) {
   step = clampStep(step);
   const { si, sub } = STEPS[step - 1], sc = SCENES[si];
-  if (si !== current.si || LANG !== current.lang) {
+  if (rebuild || si !== current.si || LANG !== current.lang) {
     const visual = h("div", { class: "visual" });
     stage.replaceChildren(h("h2", { id: "scene-heading" }, tr(sc.title)), h("div", { class: "slide" }, h("div", { class: "narration", id: "narration" }), visual));
     stage.dataset.scene = sc.id;
     current.update = sc.build(visual);
+    current.width = visual.clientWidth;
   }
   // The narration so far in this scene: earlier steps stay, dimmed; the current one is new.
   const narration = document.getElementById("narration");
@@ -60,6 +61,16 @@ timeline.max = String(STEPS.length);
 // Scene marks: the range input draws a tick at each scene's first step.
 document.getElementById("scene-marks").replaceChildren(...SCENE_START.map((n) => h("option", { value: n })));
 timeline.addEventListener("input", () => go(Number(timeline.value)));
+// The layout follows resize and rotation: CSS moves the boxes, and a scene whose pictures are sized to its column
+// is rebuilt at the new width (what the learner typed lives outside the scenes, so nothing is lost).
+let resizeTimer = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    const v = document.querySelector("#stage .visual");
+    if (v && Math.abs(v.clientWidth - current.width) > 4) render(current.step, true);
+  }, 120);
+});
 document.getElementById("prev").addEventListener("click", () => go(current.step - 1));
 document.getElementById("next").addEventListener("click", () => go(current.step + 1));
 document.querySelectorAll("[data-lang]").forEach((b) => b.addEventListener("click", () => setLang(b.dataset.lang)));

@@ -3,26 +3,38 @@
 const SCENES = [];
 const scene = (def) => SCENES.push(def);
 const C = COLORS;
+// The recall tool's mechanism names, in the page's words (its gate is α here as everywhere on the page).
+const mechName = (m) => m.replace(/^gated a=/, tr(T("gated α = ", "门控 α = "))).replace(/^accumulate$/, tr(T("accumulate", "累加")));
 
 scene({ id: "intro", title: T("Linear attention: writing the history into a state", "线性注意力：把历史写进状态"),
   text: [T("Instead of rereading every cached key and value for each new token, can a model keep a running notebook that any query can consult at once? Step with → and ←, drag the timeline, or open a link such as #step=12. Every number in the scripted scenes was computed in float64 by linattn's reference when this page was built.",
     "能不能不再为每个新词元把缓存的键和值逐条重读，而是维护一本随时可查的“笔记本”？用 → 和 ← 翻页，拖动时间轴，或打开 #step=12 这样的链接。脚本场景中的每个数字都是构建本页时由 linattn 的 float64 参考实现算出的。")],
   build(root) {
-    const svg = s("svg", { viewBox: "0 0 720 230", class: "diagram", role: "img" });
+    // Wide: tokens, state and query in one row. Narrow (a phone): tokens above the state, drawn at 1:1 so text stays 14 px.
+    const narrow = visualWidth() < 560, W = narrow ? Math.max(300, visualWidth() - 2) : 720, H = narrow ? 300 : 230;
+    const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "diagram", role: "img", id: "intro-svg" });
+    const L = narrow ? { card: (i) => [10 + ((W - 20) / 3) * i, 30], cw: (W - 20) / 3 - 12, Sx: 20, Sy: 130, zy: 220, sw: 150, qx: W - 70, qy: 175, wr: [W / 2, 18], rd: [W - 70, 130] }
+      : { card: (i) => [20 + 95 * i, 70], cw: 80, Sx: 380, Sy: 40, zy: 130, sw: 150, qx: 610, qy: 110, wr: [330, 30], rd: [610, 30] };
     const toks = [0, 1, 2].map((i) => {
-      const x = 20 + 95 * i;
-      svg.append(s("rect", { x, y: 70, width: 80, height: 70, rx: 8, class: "card" }),
-        s("text", { x: x + 40, y: 98, "text-anchor": "middle", class: "sym-k" }, "k" + "₁₂₃"[i]), s("text", { x: x + 40, y: 124, "text-anchor": "middle", class: "sym-v" }, "v" + "₁₂₃"[i]));
-      return [x + 40, 105];
+      const [x, y] = L.card(i);
+      svg.append(s("rect", { x, y, width: L.cw, height: 70, rx: 8, class: "card" }),
+        s("text", { x: x + L.cw / 2, y: y + 28, "text-anchor": "middle", class: "sym-k" }, "k" + "₁₂₃"[i]), s("text", { x: x + L.cw / 2, y: y + 54, "text-anchor": "middle", class: "sym-v" }, "v" + "₁₂₃"[i]));
+      return [x + L.cw / 2, y + 35];
     });
-    svg.append(s("rect", { x: 380, y: 40, width: 150, height: 80, rx: 10, class: "state-S" }), s("text", { x: 455, y: 86, "text-anchor": "middle", class: "big-svg sym-S" }, "S"),
-      s("rect", { x: 380, y: 130, width: 150, height: 50, rx: 10, class: "state-z" }), s("text", { x: 455, y: 162, "text-anchor": "middle", class: "big-svg sym-z" }, "z"),
-      s("text", { x: 330, y: 30, "text-anchor": "middle" }, tr(T("write", "写入"))), s("text", { x: 610, y: 30, "text-anchor": "middle" }, tr(T("read", "读取"))),
-      s("circle", { cx: 610, cy: 110, r: 26, class: "card" }), s("text", { x: 610, y: 116, "text-anchor": "middle", class: "big-svg sym-q" }, "q"),
-      s("path", { d: "M584 110 L534 110", stroke: C.q, "stroke-width": 3, "marker-end": "" }), s("text", { x: 675, y: 116, "text-anchor": "middle", class: "big-svg" }, "→ y"));
+    const Sc = [L.Sx + L.sw / 2, L.Sy + 40], zc = [L.Sx + L.sw / 2, L.zy + 25];
+    svg.append(s("rect", { x: L.Sx, y: L.Sy, width: L.sw, height: 80, rx: 10, class: "state-S" }), s("text", { x: Sc[0], y: L.Sy + 46, "text-anchor": "middle", class: "big-svg sym-S" }, "S"),
+      s("rect", { x: L.Sx, y: L.zy, width: L.sw, height: 50, rx: 10, class: "state-z" }), s("text", { x: zc[0], y: L.zy + 32, "text-anchor": "middle", class: "big-svg sym-z" }, "z"),
+      s("text", { x: L.wr[0], y: L.wr[1], "text-anchor": "middle" }, tr(T("write", "写入"))), s("text", { x: L.rd[0], y: L.rd[1], "text-anchor": "middle" }, tr(T("read", "读取"))),
+      s("circle", { cx: L.qx, cy: L.qy, r: 26, class: "card" }), s("text", { x: L.qx, y: L.qy + 6, "text-anchor": "middle", class: "big-svg sym-q" }, "q"),
+      s("path", { d: `M${L.qx - 26} ${L.qy} L${L.Sx + L.sw + 4} ${L.qy}`, stroke: C.q, "stroke-width": 3 }),
+      s("text", { x: narrow ? L.qx : L.qx + 65, y: narrow ? L.qy + 62 : L.qy + 6, "text-anchor": "middle", class: "big-svg sym-y" }, narrow ? "↓ y" : "→ y"));
     const lab = h("a", { id: "lab-download", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"));
     root.append(svg, h("p", {}, lab));
-    return () => toks.forEach((p, i) => { flow(svg, p, [455, 80], C.S, 200 + 250 * i); flow(svg, p, [455, 155], C.z, 300 + 250 * i); });
+    // Wide: over the other cards, not through them; narrow: straight down (nothing lies between).
+    return () => toks.forEach((p, i) => {
+      if (narrow) { flow(svg, [p, [p[0], 118], [Sc[0], 118], Sc], C.S, 200 + 350 * i); flow(svg, [p, [p[0], 118], [L.Sx - 8 + 180, 118], [L.Sx + 180, zc[1]], zc], C.z, 300 + 350 * i); return; }
+      flow(svg, [p, [p[0], 52], [380, 52], Sc], C.S, 200 + 350 * i); flow(svg, [p, [p[0], 160], [p[0], 200], [370, 200], zc], C.z, 300 + 350 * i);
+    });
   } });
 
 scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通注意力在读什么"),
@@ -48,7 +60,7 @@ scene({ id: "softmax", title: T("What ordinary attention reads", "先看普通�
           const e = logits.map((l) => Math.exp(l - top)), sum = e.reduce((a, b) => a + b, 0), w = e.map((x) => x / sum);
           put(out, bars(q, w, w.reduce((a, x, i) => a + x * d.values[i], 0)));
         };
-        angle.addEventListener("input", draw);
+        angle.addEventListener("input", quietly(draw));
         view.append(h("label", { class: "control" }, fx("q ∠ "), angle), out);
         draw();
       } else {
@@ -99,11 +111,11 @@ scene({ id: "dense", title: T("Which attention are we reordering?", "先确认�
     root.append(view);
     return (sub) => {
       const A = d.A.map((row, i) => row.map((x, j) => (d.mask[i][j] ? x : "")));
-      const g = grid(A, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "k" });
+      const g = grid(A, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "A" });
       g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c, n) => enter(c, 60 * n));
-      put(view, formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box("A", g),
+      put(view, formula("A = (Q̃K̃ᵀ) ⊙ M", "Y = (AV) / rowsum(A)"), h("div", { class: "row" }, box(h("span", { class: "sym sym-A" }, "A"), g),
         box("AV", grid(d.AV.map((x) => [x]), { sym: "v" })), box("rowsum(A)", grid(d.rowsum.map((x) => [x]))),
-        box("Y", grid(d.Y.map((x) => [fmt(x, 4)]))), sub === 1 ? box(tr(T("token loop", "逐词元循环")), grid(d.loop_y.map((x) => [fmt(x, 4)]))) : null));
+        box(h("span", { class: "sym sym-y" }, "Y"), grid(d.Y.map((x) => [fmt(x, 4)]), { sym: "y" })), sub === 1 ? box(tr(T("token loop", "逐词元循环")), grid(d.loop_y.map((x) => [fmt(x, 4)]), { sym: "y" })) : null));
       if (sub === 1) view.append(formula("yₜᵀ = q̃ₜᵀ Sₜ / q̃ₜᵀ zₜ"));
     };
   } });
@@ -127,7 +139,7 @@ scene({ id: "matrix", title: T("With 2-d values the state really is a matrix", "
       } else {
         view.append(h("div", { class: "row" }, box("S", grid(d.S, { sym: "S" })), box("z", grid([d.z], { sym: "z" })),
           box("q̃ = " + vec(d.query), h("div", {}, fx("q̃ᵀS = " + vec(d.num))), h("div", {}, fx("q̃ᵀz = " + fmt(d.den))),
-            h("div", { class: "big", id: "matrix-y" }, "y = [8/3, 5/3] ≈ " + vec(d.y, 4))),
+            h("div", { class: "big sym-y", id: "matrix-y" }, "y = [8/3, 5/3] ≈ " + vec(d.y, 4))),
           box(tr(T("term by term", "逐项")), barRow(fx("q̃ᵀk̃₁ = " + fmt(d.scores[0])), d.weights[0], 1, C.k), barRow(fx("q̃ᵀk̃₂ = " + fmt(d.scores[1])), d.weights[1], 1, C.k),
             h("div", { class: "muted" }, tr(T("weights ", "权重 ")) + "2/3, 1/3"))));
       }
@@ -143,8 +155,9 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     T("The state is written up to position t before it is read, so the output at t includes the current token.", "先把状态更新到位置 t 再读取，所以位置 t 的输出包含当前词元。")],
   build(root) {
     // Two layouts of one diagram: side by side on a wide screen, tokens above the state on a phone.
-    const d = DATA.tokens, narrow = root.clientWidth > 0 && root.clientWidth < 560;
-    const G = narrow ? { W: 380, H: 330, card: (i) => [8 + 124 * i, 8], cw: 116, S: [83, 150, 206], z: [243, 150, 206], head: 138, note: [8, 292] }
+    // Narrow: drawn at the column's width (1:1, text stays 14 px), the cards above the state.
+    const d = DATA.tokens, vw = visualWidth(), narrow = vw < 560, NW = Math.max(300, Math.min(420, vw - 2)), third = (NW - 16) / 3;
+    const G = narrow ? { W: NW, H: 330, card: (i) => [8 + third * i, 8], cw: third - 8, S: [Math.round(NW * 0.22), 150, 206], z: [Math.round(NW * 0.64), 150, 206], head: 138, note: [8, 292] }
       : { W: 720, H: 235, card: (i) => [20 + 120 * i, 40], cw: 104, S: [450, 50, 110], z: [590, 50, 110], head: 30, note: [20, 215] };
     const svg = s("svg", { viewBox: "0 0 " + G.W + " " + G.H, class: "diagram" + (narrow ? " fit" : ""), role: "img", id: "tokens-svg" });
     d.keys.forEach((k, i) => {
@@ -157,6 +170,7 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     const cell = (key, x, y, label) => {
       const r = s("rect", { x, y, width: 74, height: 46, rx: 6, class: "cellsvg cell-" + key[0] }), t = s("text", { x: x + 37, y: y + 30, "text-anchor": "middle", class: "num" }, "0");
       svg.append(r, t, s("text", { x: x - 8, y: y + 30, "text-anchor": "end", class: "muted-svg" }, label));
+      t.setAttribute("id", "tokens-cell-" + key);
       cells[key] = { r, t, c: [x + 37, y + 23] };
     };
     svg.append(s("text", { x: G.S[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: G.z[0] + 37, y: G.head, "text-anchor": "middle", class: "big-svg sym-z" }, "z"));
@@ -164,18 +178,29 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
     const arrows = s("g", {}), note = s("text", { x: G.note[0], y: G.note[1], class: "num" }, ""), note2 = s("text", { x: G.note[0], y: G.note[1] + 26, class: "num" }, "");
     svg.append(arrows, note, note2);
     root.append(svg);
+    let gen = 0;  // a step's pending arrivals are void once another step is shown
     return (sub) => {
       const t = Math.min(sub, 3), S = t ? d.S[t - 1] : zeros(2, 1), z = t ? d.z[t - 1] : [0, 0];
-      const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0];
+      const S0 = t > 1 ? d.S[t - 2] : zeros(2, 1), z0 = t > 1 ? d.z[t - 2] : [0, 0], my = ++gen;
+      svg.querySelectorAll(".flow").forEach((g) => g.getAnimations().forEach((a) => a.cancel()));
       d.keys.forEach((_, i) => svg.getElementById("tok-card-" + i).setAttribute("class", "card" + (i === t - 1 && sub <= 3 ? " active" : "")));
-      [["S0", S[0][0], S0[0][0]], ["S1", S[1][0], S0[1][0]], ["z0", z[0], z0[0]], ["z1", z[1], z0[1]]].forEach(([key, x, before]) => {
-        cells[key].t.textContent = fmt(x);
-        if (sub >= 1 && sub <= 3 && x !== before) anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 600, delay: 550 });
-      });
+      const writing = sub >= 1 && sub <= 3;
+      // A cell keeps its old number until the token's contribution reaches it.
+      const value = { S0: [S[0][0], S0[0][0]], S1: [S[1][0], S0[1][0]], z0: [z[0], z0[0]], z1: [z[1], z0[1]] };
+      Object.entries(value).forEach(([key, [x, before]]) => { cells[key].t.textContent = fmt(writing ? before : x); });
+      const landAt = (key) => () => {
+        if (my !== gen) return;
+        if (--pending === 0) spell();
+        cells[key].t.textContent = fmt(value[key][0]);
+        anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 500 });
+      };
       const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
       const write = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) : "";
-      note.textContent = write ? write + (narrow ? "" : "  →  " + now) : sub === 4 ? now : "S₀ = 0, z₀ = 0";
-      note2.textContent = write && narrow ? "→  " + now : "";
+      // The new state is spelled out once every contribution has landed.
+      const spell = () => { note.textContent = write ? write + (narrow ? "" : "  →  " + now) : sub === 4 ? now : "S₀ = 0, z₀ = 0"; note2.textContent = write && narrow ? "→  " + now : ""; };
+      note.textContent = write || (sub === 4 ? now : "S₀ = 0, z₀ = 0"); note2.textContent = "";
+      let pending = writing ? 4 : 0;
+      if (!writing) spell();
       arrows.replaceChildren();
       if (sub >= 1 && sub <= 3) {  // where this token writes: φ(k)vᵀ into S, φ(k) into z (drawn still, animated too)
         const [x, y] = G.card(t - 1), m = x + G.cw / 2;
@@ -191,7 +216,19 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
           arrows.append(s("path", { d: `M${m} ${y + 84} C ${m} 185, ${zx} 200, ${zx} 158`, stroke: C.z, "stroke-width": 2.5, fill: "none", opacity: 0.6, "stroke-dasharray": "6 4" }),
             s("text", { x: 400, y: 44, "text-anchor": "middle", class: "sym-S" }, "φ(k)vᵀ"), s("text", { x: zx + 44, y: 185, class: "sym-z" }, "φ(k)"));
         }
-        d.keys[t - 1].forEach((kv, i) => { if (kv) { flow(svg, [m, y + 60], cells["S" + i].c, C.S, 60 * i, fmt(kv * d.values[t - 1])); flow(svg, [m, y + 60], cells["z" + i].c, C.z, 100 + 60 * i); } });
+        // φ(k)ᵢ·v travels to S's row i, φ(k)ᵢ to z's entry i: around the other cards (over them on a wide screen).
+        d.keys[t - 1].forEach((kv, i) => {
+          const Sc = cells["S" + i].c, zc = cells["z" + i].c, from = [m, y + 60];
+          const viaS = narrow ? [from, [m, y + 100], [Sc[0], y + 100], Sc] : [from, [m, 26], [420, 26], [420, Sc[1]], Sc];
+          const viaZ = narrow ? [from, [m, y + 100], [zc[0], y + 100], zc] : [from, [m, 178], [560, 178], [560, zc[1]], zc];
+          if (kv) {
+            [[viaS, C.S, 250 * i, fmt(kv * d.values[t - 1]), "S" + i], [viaZ, C.z, 120 + 250 * i, fmt(kv), "z" + i]].forEach(([path, color, delay, label, key]) => {
+              const a = flow(svg, path, color, delay, label, landAt(key));
+              if (a) a.effect.target.dataset.to = key;  // which cell this contribution is for
+            });
+          }
+          else { landAt("S" + i)(); landAt("z" + i)(); }
+        });
       }
     };
   } });
@@ -205,16 +242,32 @@ scene({ id: "read", title: T("A query reads numerator and denominator together",
   build(root) {
     const d = DATA.tokens, view = h("div", {});
     root.append(view);
+    let gen = 0;
     return (sub) => {
-      const S = d.S[2].map((r) => r[0]), z = d.z[2], q = d.query;
+      const S = d.S[2].map((r) => r[0]), z = d.z[2], q = d.query, my = ++gen;
+      root.querySelectorAll(".traveller").forEach((el) => el.getAnimations().forEach((a) => a.cancel()));
+      // φ(q)ᵀS: φ(q) is a row, S a column (one row per feature); qᵢ scales S's row i, the products sum to the numerator.
+      const qg = grid([q], { sym: "q", colHeads: ["φ₁", "φ₂"] });
+      const Sg = grid(S.map((x) => [x]), { sym: "S", rowHeads: ["φ₁", "φ₂"] }), zg = grid(z.map((x) => [x]), { sym: "z", rowHeads: ["φ₁", "φ₂"] });
       const prod = (a, b) => a.map((x, i) => fmt(x) + " × " + fmt(b[i])).join(" + ");
-      const numB = box(ui("num") + "  φ(q)ᵀS", h("div", { class: "big", id: "read-num" }, prod(q, S) + " = " + fmt(d.num)));
-      const denB = box(ui("den") + "  φ(q)ᵀz", h("div", { class: "big", id: "read-den" }, prod(q, z) + " = " + fmt(d.den)));
-      put(view, h("div", { class: "row" }, box("φ(q)", grid([q], { sym: "q" })), box("S", grid([S], { sym: "S" })), box("z", grid([z], { sym: "z" }))),
+      const numV = h("div", { class: "big", id: "read-num" }, prod(q, S) + " = " + (sub >= 1 ? "…" : ""));
+      const denV = h("div", { class: "big", id: "read-den" }, prod(q, z) + " = " + (sub >= 1 ? "…" : ""));
+      const numB = box(ui("num") + "  φ(q)ᵀS", numV), denB = box(ui("den") + "  φ(q)ᵀz", denV);
+      put(view, h("div", { class: "row" }, box("φ(q)", qg), box("S", Sg), box("z", zg)),
         sub >= 1 ? h("div", { class: "row" }, numB, denB) : null,
-        sub === 2 ? h("div", { class: "big result", id: "read-y" }, "y = 17/6 ≈ " + fmt(d.y_final, 4)) : null);
-      if (sub === 1) { enter(numB, 0); enter(denB, 200); }
-      if (sub === 2) enter(view.querySelector("#read-y"), 0);
+        sub === 2 ? h("div", { class: "big result sym-y", id: "read-y" }, "y = 17/6 ≈ " + fmt(d.y_final, 4)) : null);
+      if (sub === 0) return;
+      const cellsOf = (g) => [...g.querySelectorAll(".cell:not(.head)")];
+      const [q1, q2] = cellsOf(qg), Sc = cellsOf(Sg), zc = cellsOf(zg);
+      if (sub === 2) { numV.textContent = prod(q, S) + " = " + fmt(d.num); denV.textContent = prod(q, z) + " = " + fmt(d.den); enter(view.querySelector("#read-y"), 0); return; }
+      // Each qᵢ goes to row i of S and of z; each product then goes into its sum, which shows its total when both are in.
+      let inNum = 0, inDen = 0;
+      const sumNum = () => { if (my === gen && ++inNum === 2) land(numV, prod(q, S) + " = " + fmt(d.num), C.q); };
+      const sumDen = () => { if (my === gen && ++inDen === 2) land(denV, prod(q, z) + " = " + fmt(d.den), C.q); };
+      [q1, q2].forEach((qc, i) => {
+        travel(root, qc, Sc[i], C.q, 350 * i, "×" + fmt(q[i]), () => my === gen && travel(root, Sc[i], numV, C.S, 0, fmt(q[i] * S[i]), sumNum));
+        travel(root, qc, zc[i], C.q, 150 + 350 * i, "×" + fmt(q[i]), () => my === gen && travel(root, zc[i], denV, C.z, 0, fmt(q[i] * z[i]), sumDen));
+      });
     };
   } });
 
@@ -223,13 +276,13 @@ scene({ id: "whyz", title: T("Without z the output grows with repetition", "没�
     "把同一对键值重复 m 次：每次相似度都是 a > 0，值为 v。分子 m·a·v，分母 m·a，所以无论 m 多大 y = v。只保留分子时输出是 m·a·v：历史翻倍，输出也翻倍。这里 φ(k) = [1, 1]，v = 3，φ(q) = [2, 1]，所以 a = 3。一些现代线性模型用别的归一化、门控或输出 norm，没有 z：它们是另外定义明确的模型，不要混用公式。")],
   build(root) {
     const d = DATA.whyz, out = h("div", {});
-    const slider = h("input", { type: "range", id: "whyz-m", min: 1, max: d.rows.length, value: 3, oninput: () => draw() });
+    const slider = h("input", { type: "range", id: "whyz-m", min: 1, max: d.rows.length, value: 3, oninput: quietly(() => draw()) });
     const label = h("output", { id: "whyz-m-value" }, "3");
     root.append(h("label", { class: "control" }, "m = ", slider, " ", label), out);
     const draw = () => {
       const m = Number(slider.value), max = d.rows[d.rows.length - 1].unnormalized, row = d.rows[m - 1];
       label.textContent = String(m);
-      put(out, box("m = " + m, barRow(tr(T("with z", "有 z")), row.normalized, max, C.z), barRow(tr(T("numerator only", "只有分子")), row.unnormalized, max, C.err)));
+      put(out, box("m = " + m, barRow(fx(tr(T("y with z", "有 z 的 y"))), row.normalized, max, C.y), barRow(fx(tr(T("y, numerator only", "只有分子的 y"))), row.unnormalized, max, C.err)));
     };
     return draw;
   } });
@@ -249,13 +302,13 @@ scene({ id: "eps", title: T("ε guards the division, and changes small denominat
         const c = d.case, max = 2;
         view.append(formula("y = " + tr(T("numerator", "分子")) + " / (" + tr(T("denominator", "分母")) + " + ε)"),
           box(ui("num") + " = " + fmt(c.num) + ", " + ui("den") + " = " + fmt(c.den) + ", " + ui("exact") + " = 2",
-            ...c.reads.map((r) => barRow("ε = " + fmt(r.eps) + " " + r.mode, r.y, max, r.mode === "add" ? C.err : C.other, "eps-" + r.mode + "-" + r.eps)),
+            ...c.reads.map((r) => barRow("ε = " + fmt(r.eps) + " " + tr(r.mode === "add" ? T("add", "加上") : T("clamp", "截断")), r.y, max, r.mode === "add" ? C.err : C.other, "eps-" + r.mode + "-" + r.eps)),
             h("div", { class: "big", id: "eps-case" }, "ε = 1e-6: " + fmt(c.reads[0].y, 5) + "; ε = 1e-8: " + fmt(c.reads[2].y, 5))));
       } else {
         const tbl = h("div", {});
         const draw = (eps) => {
           const rows = d.rows.map((r) => (eps === d.eps ? r : { den: r.den, add: read(r.den, eps, "add"), clamp: read(r.den, eps, "clamp") }));
-          put(tbl, table(["d = q·z", "add: d + ε", "clamp: max(d, ε)", ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
+          put(tbl, table(["d = q·z", tr(T("add: d + ε", "加上：d + ε")), tr(T("clamp: max(d, ε)", "截断：max(d, ε)")), ui("exact")], rows.map((r) => [fmt(r.den), fmt(r.add, 6), fmt(r.clamp, 6), fmt(d.value)]), { id: "eps-table" }));
         };
         const choice = h("select", { id: "eps-choice", onchange: (e) => draw(Number(e.target.value)) }, [1e-3, d.eps, 1e-9, 1e-12].map((x) => h("option", { value: x, selected: x === d.eps }, fmt(x))));
         view.append(h("label", { class: "control" }, "ε = ", choice), tbl);
@@ -273,18 +326,21 @@ scene({ id: "shapes", title: T("Every dimension in the formula", "公式里的�
     const view = h("div", {});
     root.append(view);
     return (sub) => {
-      const svg = s("svg", { viewBox: "0 0 720 220", class: "diagram", role: "img" });
-      svg.append(s("rect", { x: 20, y: 40, width: 30, height: 120, class: "state-k" }), s("text", { x: 35, y: 180, "text-anchor": "middle", class: "sym-k" }, "φ(k)"), s("text", { x: 35, y: 30, "text-anchor": "middle" }, "dφ"),
-        s("text", { x: 70, y: 105 }, "×"), s("rect", { x: 90, y: 85, width: 100, height: 30, class: "state-v" }), s("text", { x: 140, y: 135, "text-anchor": "middle", class: "sym-v" }, "vᵀ"), s("text", { x: 140, y: 78, "text-anchor": "middle" }, "dv"),
-        s("text", { x: 215, y: 105 }, "→"), s("rect", { x: 245, y: 40, width: 100, height: 120, class: "state-S" }), s("text", { x: 295, y: 108, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: 295, y: 180, "text-anchor": "middle" }, "dφ × dv"),
-        s("rect", { x: 375, y: 40, width: 30, height: 120, class: "state-z" }), s("text", { x: 390, y: 180, "text-anchor": "middle", class: "sym-z" }, "z: dφ"));
+      // Narrow: the same shapes squeezed sideways (text keeps its size) and the tokens on a row below.
+      const narrow = visualWidth() < 560, f = narrow ? 0.62 : 1, X = (x) => x * f, W = narrow ? Math.max(300, visualWidth() - 2) : 720, H = narrow ? 300 : 220;
+      const svg = s("svg", { viewBox: "0 0 " + W + " " + H, class: "diagram", role: "img", id: "shapes-svg" });
+      svg.append(s("rect", { x: X(20), y: 40, width: X(30), height: 120, class: "state-k" }), s("text", { x: X(35), y: 180, "text-anchor": "middle", class: "sym-k" }, "φ(k)"), s("text", { x: X(35), y: 30, "text-anchor": "middle" }, "dφ"),
+        s("text", { x: X(70), y: 105 }, "×"), s("rect", { x: X(90), y: 85, width: X(100), height: 30, class: "state-v" }), s("text", { x: X(140), y: 135, "text-anchor": "middle", class: "sym-v" }, "vᵀ"), s("text", { x: X(140), y: 78, "text-anchor": "middle" }, "dv"),
+        s("text", { x: X(215), y: 105 }, "→"), s("rect", { x: X(245), y: 40, width: X(100), height: 120, class: "state-S" }), s("text", { x: X(295), y: 108, "text-anchor": "middle", class: "big-svg sym-S" }, "S"), s("text", { x: X(295), y: 180, "text-anchor": "middle" }, "dφ × dv"),
+        s("rect", { x: X(375), y: 40, width: X(30), height: 120, class: "state-z" }), s("text", { x: X(390), y: 180, "text-anchor": "middle", class: "sym-z" }, "z: dφ"));
       if (sub === 1) {
+        const tx = (i) => (narrow ? 10 + 46 * i : 440 + 44 * i), ty = narrow ? 205 : 70, cap = narrow ? [W / 2, 290] : [560, 160];
         [0, 1, 2, 3, 4, 5].forEach((i) => {
-          const r = s("rect", { x: 440 + 44 * i, y: 70, width: 36, height: 60, rx: 4, class: "card" });
-          svg.append(r, s("text", { x: 458 + 44 * i, y: 105, "text-anchor": "middle" }, "t" + (i + 1)));
+          const r = s("rect", { x: tx(i), y: ty, width: 38, height: 60, rx: 4, class: "card" });
+          svg.append(r, s("text", { x: tx(i) + 19, y: ty + 35, "text-anchor": "middle" }, "t" + (i + 1)));
           anim(r, [{ opacity: 0 }, { opacity: 1 }], { duration: 300, delay: 80 * i });
         });
-        svg.append(s("text", { x: 560, y: 160, "text-anchor": "middle" }, tr(T("same cost per token → total ∝ T", "每个词元成本相同 → 总量 ∝ T"))));
+        svg.append(s("text", { x: cap[0], y: cap[1], "text-anchor": "middle" }, tr(T("same cost per token → total ∝ T", "每个词元成本相同 → 总量 ∝ T"))));
       }
       put(view, formula("Sₜ = Sₜ₋₁ + φ(kₜ) vₜᵀ", "zₜ = zₜ₋₁ + φ(kₜ)", "yₜᵀ = φ(qₜ)ᵀSₜ / φ(qₜ)ᵀzₜ"), svg);
     };
@@ -295,12 +351,14 @@ scene({ id: "memory", title: T("A fixed-size state need not be small", "固定�
       "B 个请求、L 层、H 个状态头；每个头保存 r × dv 的 S 和 r 维的 z：M_state = B × L × H × (r·dv + r) × b 字节。单请求、32 层、16 个头、r = dv = 128、float32 状态：512 × (16384 + 128) × 4 = 33,816,576 字节 = 32.25 MiB，与历史长度无关。短卷积的状态、门控缓存或 full-attention 层要另外加上。可以修改下面的数值：页面使用与 linattn.memory 相同的公式。")],
   build(root) {
     const d = DATA.memory, inp = Object.assign({}, d.inputs), out = h("div", {});
-    const field = (key) => h("label", { class: "control" }, key + " ", h("input", { type: "number", min: 1, step: 1, value: inp[key], id: "mem-" + key, oninput: (e) => {
+    const NAMES = { B: T("B requests", "B 请求数"), L: T("L layers", "L 层数"), H: T("H heads", "H 头数"), r: T("r features", "r 特征数"), dv: T("dv", "dv 值维度"),
+      state_dtype: T("state dtype", "状态 dtype"), kv_heads: T("KV heads", "KV 头数"), head_dim: T("head dim", "头维度"), kv_dtype: T("KV dtype", "KV dtype") };
+    const field = (key) => h("label", { class: "control" }, tr(NAMES[key]) + " ", h("input", { type: "number", min: 1, step: 1, value: inp[key], id: "mem-" + key, oninput: (e) => {
       const x = Math.floor(Number(e.target.value));
       e.target.classList.toggle("bad", !(x >= 1));  // an empty or zero field computes nothing
       if (x >= 1) { inp[key] = x; draw(); }
     } }));
-    const dsel = (key) => h("label", { class: "control" }, key + " ", h("select", { id: "mem-" + key, onchange: (e) => { inp[key] = e.target.value; draw(); } },
+    const dsel = (key) => h("label", { class: "control" }, tr(NAMES[key]) + " ", h("select", { id: "mem-" + key, onchange: (e) => { inp[key] = e.target.value; draw(); } },
       Object.keys(d.dtype_bytes).map((n) => h("option", { value: n, selected: n === inp[key] }, n))));
     root.append(h("div", { class: "controls" }, ["B", "L", "H", "r", "dv"].map(field), dsel("state_dtype")), h("div", { class: "controls" }, ["kv_heads", "head_dim"].map(field), dsel("kv_dtype")), out);
     const draw = () => {
@@ -308,8 +366,8 @@ scene({ id: "memory", title: T("A fixed-size state need not be small", "固定�
       const N = (key) => BigInt(inp[key]), b = BigInt(d.dtype_bytes[inp.state_dtype]), kb = BigInt(d.dtype_bytes[inp.kv_dtype]);
       const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb, total = N("B") * N("L") * N("H") * perHead;
       const mib = Number(total) / 1048576;
-      put(out, h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + " bytes"), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
-        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + " B"), h("div", {}, "KV " + bytes(kvTok) + tr(T(" B per token", " B/词元"))),
+      put(out, h("div", { class: "row" }, box(tr(T("state, all layers and heads", "状态，全部层与头")), h("div", { class: "big", id: "mem-state" }, bytes(total) + tr(T(" bytes", " 字节"))), h("div", {}, "= " + fmt(mib, 4) + " MiB")),
+        box(tr(T("per head", "每个头")), h("div", {}, tr(T("state ", "状态 ")) + bytes(perHead) + tr(T(" B", " 字节"))), h("div", {}, "KV " + bytes(kvTok) + tr(T(" B per token", " 字节/词元"))),
           h("div", { class: "big", id: "mem-cross" }, "T = " + bytes((perHead + kvTok - 1n) / kvTok)))));
     };
     draw();
@@ -343,41 +401,46 @@ scene({ id: "gates", title: T("A gate: let old memories fade", "加一个门：�
     T("An old token's weight is the product of every gate after it: token i at time t carries αᵢ₊₁⋯αₜ. Smaller α forgets faster, α near 1 keeps longer. Modern gated models use vector gates, other normalizations and richer updates.",
       "旧词元的权重是它之后所有门值的乘积：词元 i 在时刻 t 的权重是 αᵢ₊₁⋯αₜ。α 越小遗忘越快，接近 1 则保留更久。现代门控模型还会用向量门、不同的归一化和更复杂的状态更新。")],
   build(root) {
-    const d = DATA.gates, view = h("div", {});
-    root.append(view);
+    const d = DATA.gates;
+    // The slider is built once and never moved (a rebuilt slider drops the drag); only the picture below redraws.
     const slider = h("input", { type: "range", id: "gate-alpha", min: 0, max: 1, step: 0.05, value: 0.5 }), shown = h("output", { id: "gate-alpha-value" }, "0.5");
-    let sub = 0;
-    const draw = () => {
+    const head = h("div", {}), view = h("div", {});
+    root.append(head, h("label", { class: "control" }, fx("α = "), slider, " ", shown), view);
+    let sub = -1;
+    const draw = (entering) => {
       const a = Number(slider.value);
       shown.textContent = fmt(a);
       // At the scripted α the numbers are the reference's; another α is the page's engine.
       const res = a === d.alpha[0] ? d : run({ rule: "gated", q: [1], k: [[1], [1], [1]], v: d.values.map((x) => [x]), alpha: [a, a, a], eps: 0 });
-      const S = res.S.map((m) => m[0][0]), z = res.z.map((x) => x[0]), max = Math.max(16, ...S);
+      const S = res.S.map((m) => m[0][0]), z = res.z.map((x) => x[0]), max = 16;
       if (sub === 0) {
         const rows = S.map((x, t) => {
-          const prev = t ? S[t - 1] : 0, shrunk = a * prev;
-          const bar = h("span", { class: "bar", style: "background:" + C.S + ";width:" + (100 * x / max).toFixed(1) + "%" });
-          // The old state shrinks to αS, then the write adds on top.
-          anim(bar, [{ width: (100 * prev / max).toFixed(1) + "%" }, { width: (100 * shrunk / max).toFixed(1) + "%", offset: 0.45 }, { width: (100 * x / max).toFixed(1) + "%" }], { duration: 700, delay: 250 * t });
-          return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, "t" + (t + 1) + ": " + (t ? fmt(a) + "×" + fmt(prev) + " + " + d.values[t] : d.values[t])), h("span", { class: "bartrack" }, bar),
+          const prev = t ? S[t - 1] : 0, shrunk = a * prev, pc = (y) => (100 * y / max).toFixed(1) + "%";
+          const bar = h("span", { class: "bar", style: "background:" + C.S + ";width:" + pc(x) });
+          // The old state shrinks to αS first, then the write adds on top (only when the step is entered).
+          if (entering) anim(bar, [{ width: pc(prev) }, { width: pc(prev), offset: 0.2 }, { width: pc(shrunk), offset: 0.55 }, { width: pc(x) }], { duration: 1400, delay: 700 * t, easing: "ease-in-out" });
+          return h("div", { class: "barrow" }, h("span", { class: "barlabel" }, fx("t" + (t + 1) + ": " + (t ? "α·" + fmt(prev) + " + " + d.values[t] : String(d.values[t])))), h("span", { class: "bartrack" }, bar),
             h("span", { class: "barval" }, h("span", { class: "sym-S" }, "S=" + fmt(x)), "  ", h("span", { class: "sym-z" }, "z=" + fmt(z[t]))));
         });
-        put(view, formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)"), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
+        put(view, box(tr(T("state after each token", "每个词元之后的状态")), ...rows),
           h("div", { class: "big", id: "gate-seq" }, "S: " + S.map((x) => fmt(x)).join(" → ") + "; z: " + z.map((x) => fmt(x)).join(" → ")));
       } else {
         const w = [0, 1, 2].map((t) => [0, 1, 2].map((i) => (i <= t ? Math.pow(a, t - i) : "")));
         const g = grid(w, { rowHeads: ["t=1", "t=2", "t=3"], colHeads: ["i=1", "i=2", "i=3"], sym: "gate" });
         g.querySelectorAll(".cell:not(.head):not(.off)").forEach((c) => { const x = Number(c.textContent); c.style.background = "rgba(0,131,143," + (0.12 + 0.6 * x).toFixed(2) + ")"; });
-        put(view, formula(tr(T("weight(i, t) = αᵢ₊₁ ⋯ αₜ", "权重(i, t) = αᵢ₊₁ ⋯ αₜ"))), h("label", { class: "control" }, "α = ", slider, " ", shown), box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
+        put(view, box(tr(T("weight of token i (columns) at time t (rows)", "词元 i（列）在时刻 t（行）的权重")), g));
       }
     };
-    slider.addEventListener("input", draw);
-    return (n) => { sub = n; draw(); };
+    slider.addEventListener("input", quietly(() => draw(false)));
+    return (n) => {
+      if (n !== sub) put(head, n === 0 ? formula("S = αS + φ(k)vᵀ", "z = αz + φ(k)") : formula(tr(T("weight(i, t) = αᵢ₊₁ ⋯ αₜ", "权重(i, t) = αᵢ₊₁ ⋯ αₜ"))));
+      sub = n; draw(true);
+    };
   } });
 
 scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan", "门控递推为什么能做并行扫描"),
-  text: [T("Write one update as an affine map f(S) = aS + B with B = k̃vᵀ. Two neighbours merge into one: f₂(f₁(S)) = a₂(a₁S + B₁) + B₂ = (a₂a₁)S + (a₂B₁ + B₂), so (a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂).",
-      "把一次更新写成仿射变换 f(S) = aS + B，其中 B = k̃vᵀ。相邻两步可以合成一步：f₂(f₁(S)) = a₂(a₁S + B₁) + B₂ = (a₂a₁)S + (a₂B₁ + B₂)，即 (a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)。"),
+  text: [T("Write one update as an affine map f(S) = αS + B with B = k̃vᵀ. Two neighbours merge into one: f₂(f₁(S)) = α₂(α₁S + B₁) + B₂ = (α₂α₁)S + (α₂B₁ + B₂), so (α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂).",
+      "把一次更新写成仿射变换 f(S) = αS + B，其中 B = k̃vᵀ。相邻两步可以合成一步：f₂(f₁(S)) = α₂(α₁S + B₁) + B₂ = (α₂α₁)S + (α₂B₁ + B₂)，即 (α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂)。"),
     T("Composition is associative, so a tree merges the pairs and yields every prefix, not only the root: each token's state comes out. Four tokens, α = 0.5, writes 2, 4, 8, 16; the prefixes equal the token loop.",
       "函数复合满足结合律，所以可以树形合并，并求出每个前缀，而不只是根：每个词元的状态都能得到。四个词元，α = 0.5，写入 2、4、8、16；各前缀等于逐词元循环。"),
     T("Order matters: a later gate decays earlier writes, so the two maps cannot be swapped. z composes the same way with B replaced by k̃. A scan shortens the dependency chain; the traffic of intermediate states and the matrix sizes still decide the speed.",
@@ -388,23 +451,37 @@ scene({ id: "scan", title: T("Why a gated recurrence can run as a parallel scan"
     const pair = (p) => "(" + fmt(p.a) + ", " + fmt(p.B) + ")";
     return (sub) => {
       put(view, );
-      if (sub === 0) { view.append(formula("f₂(f₁(S)) = a₂(a₁S + B₁) + B₂", "= (a₂a₁) S + (a₂B₁ + B₂)", "(a₂, B₂) ∘ (a₁, B₁) = (a₂a₁, a₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
+      if (sub === 0) { view.append(formula("f₂(f₁(S)) = α₂(α₁S + B₁) + B₂", "= (α₂α₁) S + (α₂B₁ + B₂)", "(α₂, B₂) ∘ (α₁, B₁) = (α₂α₁, α₂B₁ + B₂)")); view.querySelectorAll(".formula > div").forEach((el, i) => enter(el, 200 * i)); return; }
       if (sub === 1) {
-        const svg = s("svg", { viewBox: "0 0 720 300", class: "diagram", role: "img", id: "scan-tree" });
-        const node = (x, y, p, label, cls, delay) => {
-          const g = s("g", {}, s("rect", { x: x - 70, y, width: 140, height: 44, rx: 7, class: cls || "card" }), s("text", { x, y: y + 18, "text-anchor": "middle" }, label), s("text", { x, y: y + 36, "text-anchor": "middle", class: "num" }, pair(p)));
-          svg.append(g); anim(g, [{ opacity: 0, transform: "translateY(12px)" }, { opacity: 1, transform: "none" }], { duration: 450, delay });
+        // Sized to its column (1:1, so text stays 14 px on a phone). Each merge happens when both children's pairs have
+        // travelled up into their parent: only then does the parent show its composed pair.
+        const W = Math.max(320, Math.min(720, visualWidth() - 2)), nw = Math.min(140, W / 4 - 8), small = W < 560;
+        const svg = s("svg", { viewBox: "0 0 " + W + " 300", class: "diagram", role: "img", id: "scan-tree" });
+        const node = (x, y, p, label, waiting) => {
+          const val = s("text", { x, y: y + 40, "text-anchor": "middle", class: "num", style: small ? "font-size:15px" : null }, waiting ? "…" : pair(p));
+          svg.append(s("g", {}, s("rect", { x: x - nw / 2, y, width: nw, height: 48, rx: 7, class: "card" }), s("text", { x, y: y + 17, "text-anchor": "middle" }, label), val));
+          return { x, y, val, p };
         };
-        const xs = [90, 270, 450, 630];
-        [[180, 0], [540, 1]].forEach(([x, i]) => svg.append(s("path", { d: `M${x} 150 L${xs[2 * i]} 196 M${x} 150 L${xs[2 * i + 1]} 196`, class: "edge" })));
-        svg.append(s("path", { d: "M360 64 L180 106 M360 64 L540 106", class: "edge" }));
-        xs.forEach((x, i) => node(x, 196, sc.leaves[i], tr(UI.token) + " " + (i + 1), "card", 0));
-        node(180, 106, sc.level1[0], "2∘1", "card", 250); node(540, 106, sc.level1[1], "4∘3", "card", 250); node(360, 20, sc.root, "(4∘3)∘(2∘1)", "card", 500);
-        svg.append(s("text", { x: 360, y: 272, "text-anchor": "middle" }, tr(T("prefix 3 = token 3 ∘ (2∘1)", "前缀 3 = 词元 3 ∘ (2∘1)"))));
-        view.append(svg, table([tr(T("prefix", "前缀")), "(a, B)", tr(T("token loop S", "逐词元循环 S"))], sc.prefixes.map((p, t) => ["1…" + (t + 1), pair(p), fmt(sc.loop_prefix_S[t])]), { id: "scan-prefixes" }));
+        const xs = [1, 3, 5, 7].map((i) => (W * i) / 8), mid = [W / 4, (3 * W) / 4];
+        [0, 1].forEach((i) => svg.append(s("path", { d: `M${mid[i]} 150 L${xs[2 * i]} 196 M${mid[i]} 150 L${xs[2 * i + 1]} 196`, class: "edge" })));
+        svg.append(s("path", { d: `M${W / 2} 64 L${mid[0]} 106 M${W / 2} 64 L${mid[1]} 106`, class: "edge" }));
+        const leaves = xs.map((x, i) => node(x, 196, sc.leaves[i], small ? "t" + (i + 1) : tr(UI.token) + " " + (i + 1), false));
+        const lv = [node(mid[0], 106, sc.level1[0], "2∘1", true), node(mid[1], 106, sc.level1[1], "4∘3", true)];
+        const root = node(W / 2, 20, sc.root, "(4∘3)∘(2∘1)", true);
+        const merge = (kids, parent, delay, then) => {
+          let n = 0;
+          kids.forEach((k) => flow(svg, [[k.x, k.y + 10], [parent.x, parent.y + 30]], C.gate, delay, null, () => {
+            if (++n === kids.length) { parent.val.textContent = pair(parent.p); anim(parent.val, [{ opacity: 0 }, { opacity: 1 }], { duration: 300 }); if (then) then(); }
+          }));
+        };
+        let done = 0;
+        merge(leaves.slice(0, 2), lv[0], 200, () => { if (++done === 2) merge(lv, root, 100); });
+        merge(leaves.slice(2), lv[1], 200, () => { if (++done === 2) merge(lv, root, 100); });
+        svg.append(s("text", { x: W / 2, y: 272, "text-anchor": "middle" }, tr(T("prefix 3 = token 3 ∘ (2∘1)", "前缀 3 = 词元 3 ∘ (2∘1)"))));
+        view.append(svg, table([tr(T("prefix", "前缀")), "(α, B)", tr(T("token loop S", "逐词元循环 S"))], sc.prefixes.map((p, t) => ["1…" + (t + 1), pair(p), fmt(sc.loop_prefix_S[t])]), { id: "scan-prefixes" }));
       } else {
-        view.append(h("div", { class: "row" }, box("(a₂, B₂) ∘ (a₁, B₁)", h("div", { class: "big" }, pair(sc.level1[0])), h("div", { class: "muted" }, tr(T("token 2 after token 1: the loop's S₂ = ", "词元 2 在词元 1 之后：循环的 S₂ = ")) + fmt(sc.loop_prefix_S[1]))),
-          box("(a₁, B₁) ∘ (a₂, B₂)", h("div", { class: "big sym-err" }, pair(sc.swapped)), h("div", { class: "muted" }, tr(T("swapped: a different state", "交换顺序：得到不同的状态")))),
+        view.append(h("div", { class: "row" }, box("(α₂, B₂) ∘ (α₁, B₁)", h("div", { class: "big" }, pair(sc.level1[0])), h("div", { class: "muted" }, tr(T("token 2 after token 1: the loop's S₂ = ", "词元 2 在词元 1 之后：循环的 S₂ = ")) + fmt(sc.loop_prefix_S[1]))),
+          box("(α₁, B₁) ∘ (α₂, B₂)", h("div", { class: "big sym-err" }, pair(sc.swapped)), h("div", { class: "muted" }, tr(T("swapped: a different state", "交换顺序：得到不同的状态")))),
           box(tr(T("z, with B = k̃ = 1", "z，B = k̃ = 1")), h("div", { class: "big sym-z" }, pair(sc.z_root)), h("div", { class: "muted" }, tr(T("token loop z₄ = ", "逐词元循环 z₄ = ")) + fmt(sc.loop_z)))));
         view.querySelectorAll(".box").forEach((b, i) => enter(b, 150 * i));
       }
@@ -419,15 +496,30 @@ scene({ id: "delta", title: T("The delta rule: read the old answer, write the er
   build(root) {
     const w = DATA.delta.one_write, view = h("div", {});
     root.append(view);
+    let gen = 0;
     return (sub) => {
-      const S = sub === 0 ? w.S0 : w.S, before = w.S0;
-      const g = grid(S, { rowHeads: ["k=[1,0]", "k=[0,1]"], sym: "S", before: sub === 1 ? before : null });
+      const my = ++gen;
+      root.querySelectorAll(".traveller").forEach((el) => el.getAnimations().forEach((a) => a.cancel()));
+      const g = grid(w.S0, { rowHeads: ["k=[1,0]", "k=[0,1]"], sym: "S" }), cell = g.querySelector('.cell[data-i="0"]');
+      const pred = h("span", { id: "delta-prediction" }, sub === 0 ? "…" : fmt(w.prediction));
+      const err = h("div", { class: "big sym-err", id: "delta-error" }, sub === 0 ? "e = " + fmt(w.target) + " − …" : "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error));
+      const write = h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = …");
       put(view, formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
-        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction ", "预测 ")) + fmt(w.prediction)), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))),
-          h("div", { class: "big sym-err", id: "delta-error" }, "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error))),
-        sub === 1 ? box(tr(T("after the write", "写入之后")), h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = " + fmt(w.S[0][0])),
-          h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
-      if (sub === 0) pulse(view.querySelector("#delta-error"), C.err, 200);
+        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction Sᵀk = ", "预测 Sᵀk = ")), pred), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))), err),
+        sub === 1 ? box(tr(T("after the write", "写入之后")), write, h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
+      if (sub === 0) {  // read: the cell's 2 travels out as the prediction; then the error is formed
+        travel(root, cell, pred, C.S, 300, fmt(w.prediction), () => {
+          if (my !== gen) return;
+          land(pred, fmt(w.prediction), C.S);
+          land(err, "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error), C.err);
+        });
+      } else {  // write: the error, scaled by β, travels back into the key's row; the cell changes when it lands
+        travel(root, err, cell, C.err, 300, "β·e = " + fmt(w.beta * w.error), () => {
+          if (my !== gen) return;
+          land(cell, fmt(w.S[0][0]), C.S);
+          write.textContent = fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = " + fmt(w.S[0][0]);
+        });
+      }
     };
   } });
 
@@ -457,9 +549,12 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
     return (sub) => {
       put(view, );
       if (sub === 0) {
-        const colors = [C.k, C.v, C.gate, C.err];
-        view.append(formula(tr(T("new e = (1 − β‖k‖²) × old e", "新 e = (1 − β‖k‖²) × 旧 e"))), lineChart(d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true })),
-          { xlabel: tr(T("writes", "写入次数")), ylabel: tr(T("error e", "误差 e")), ymin: -12, ymax: 12, xticks: [0, 3, 6], yticks: [-12, 0, 3, 12] }),
+        // A sign-keeping log axis: the growing cases (×(−1.5) and ×(−3) per write) are drawn whole, not cut off.
+        const colors = [C.k, C.v, C.gate, C.other], n2 = d.norm2;
+        const series = d.curves.map((cv, i) => ({ points: cv.errors.slice(0, 7).map((x, n) => [n, x]), color: colors[i], label: "β‖k‖² = " + cv.beta, dots: true }));
+        series.push({ points: n2.errors.map((x, n) => [n, x]), color: C.err, label: "β‖k‖² = " + n2.beta * n2.k * n2.k + " (‖k‖ = " + n2.k + ")", dots: true, dash: "6 4" });
+        view.append(formula(tr(T("new e = (1 − β‖k‖²) × old e", "新 e = (1 − β‖k‖²) × 旧 e"))), lineChart(series,
+          { xlabel: tr(T("writes", "写入次数")), ylabel: tr(T("error e (log scale, both signs)", "误差 e（对数刻度，含正负）")), symlog: true, xticks: [0, 3, 6], yticks: [-30, -10, -3, 0, 3, 10, 30] }),
         h("div", { class: "big sym-err", id: "norm-k2" }, "‖k‖ = 2, β = 1: e = " + d.norm2.errors.map((x) => fmt(x)).join(" → ")));
       } else {
         const kIn = h("input", { type: "range", id: "norm-k", min: 0.25, max: 2.5, step: 0.25, value: 1 }), bIn = h("input", { type: "range", id: "norm-beta", min: 0, max: 2, step: 0.05, value: 0.5 });
@@ -469,12 +564,14 @@ scene({ id: "norm", title: T("The key's norm sets how hard a write corrects", "�
           kOut.textContent = fmt(k); bOut.textContent = fmt(b);
           const res = run({ rule: "delta", q: [k], k: Array(n).fill([k]), v: Array(n).fill([d.value]), beta: Array(n).fill(b), initial_S: [[d.start]] });
           const reads = [k * d.start].concat(res.y.map((y) => y[0])), f = 1 - b * k * k;
-          const lim = Math.min(40, Math.max(10, ...reads.map(Math.abs)));
+          const big = Math.max(...reads.map(Math.abs)), logy = big > 40;  // past 40 a sign-keeping log axis, never a clamp
+          const lim = logy ? Math.pow(10, Math.ceil(Math.log10(big))) : Math.max(10, Math.ceil(big / 5) * 5);
           put(out, h("div", { class: "big", id: "norm-factor" }, "β‖k‖² = " + fmt(b * k * k) + "; 1 − β‖k‖² = " + fmt(f) + (Math.abs(f) < 1 ? tr(T(" (converges)", "（收敛）")) : tr(T(" (does not converge)", "（不收敛）")))),
-            lineChart([{ points: reads.map((x, i) => [i, Math.max(-lim, Math.min(lim, x))]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
-              { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS", ymin: -lim, ymax: lim, xticks: [0, 4, 8], yticks: [-lim, 0, 5, lim] }));
+            lineChart([{ points: reads.map((x, i) => [i, x]), color: C.S, label: tr(T("prediction kᵀS", "预测 kᵀS")), dots: true }, { points: reads.map((_, i) => [i, d.value]), color: C.v, label: "v = 5", dash: "6 5" }],
+              { xlabel: tr(T("writes", "写入次数")), ylabel: "kᵀS" + (logy ? tr(T(" (log scale)", "（对数刻度）")) : ""), ymin: -lim, ymax: lim, symlog: logy, xticks: [0, 4, 8],
+                yticks: logy ? [-lim, -Math.sqrt(lim) | 0, 0, 5, Math.sqrt(lim) | 0, lim] : [-lim, 0, 5, lim] }));
         };
-        kIn.addEventListener("input", draw); bIn.addEventListener("input", draw);
+        kIn.addEventListener("input", quietly(draw)); bIn.addEventListener("input", quietly(draw));
         view.append(h("div", { class: "controls" }, h("label", { class: "control" }, "‖k‖ = ", kIn, " ", kOut), h("label", { class: "control" }, "β = ", bIn, " ", bOut)), out);
         draw();
       }
@@ -490,31 +587,93 @@ scene({ id: "chunks", title: T("In training, state updates run in parallel block
       "在贯穿的例子后再加两个词元（φ(k) = [1, 0]，v = 6；φ(k) = [1, 1]，v = 15），查询 [2, 1]：无论块多大，最后的输出都是 74/11。门控版本要乘上门的乘积；delta 规则不能套用这条累加公式，需要专门的块算法，目标相同：保留递推的语义，同时让 GPU 做规整的大块运算。")],
   build(root) {
     const d = DATA.chunks, out = h("div", {});
-    const slider = h("input", { type: "range", id: "chunk-size", min: 1, max: d.keys.length, value: 2, oninput: () => draw() }), shown = h("output", { id: "chunk-size-value" }, "2");
+    const slider = h("input", { type: "range", id: "chunk-size", min: 1, max: d.keys.length, value: 2, oninput: quietly(() => draw()) }), shown = h("output", { id: "chunk-size-value" }, "2");
     root.append(h("label", { class: "control" }, ui("chunk") + " C = ", slider, " ", shown), out);
     let sub = 0;
     const draw = () => {
       const C_ = Number(slider.value), chunks = d.layouts[String(C_)];
       shown.textContent = String(C_);
-      const svg = s("svg", { viewBox: "0 0 720 130", class: "diagram", role: "img", id: "chunk-strip" });
+      // Sized to its column (1:1); on a phone the cards drop their "φ(k)=" and "v=" (the colours say which is which).
+      const W = Math.max(300, Math.min(720, visualWidth() - 2)), pitch = (W - 24) / 5, cw = pitch - 10, short = cw < 110;
+      const svg = s("svg", { viewBox: "0 0 " + W + " 130", class: "diagram", role: "img", id: "chunk-strip" });
       d.keys.forEach((k, i) => {
-        const x = 20 + 136 * i, ci = Math.floor(i / C_);
-        svg.append(s("rect", { x, y: 10, width: 120, height: 56, rx: 6, class: "card chunk" + (ci % 2) }), s("text", { x: x + 60, y: 32, "text-anchor": "middle", class: "sym-k" }, "φ(k)=" + vec(k)), s("text", { x: x + 60, y: 54, "text-anchor": "middle", class: "sym-v" }, "v=" + fmt(d.values[i])));
+        const x = 16 + pitch * i, ci = Math.floor(i / C_);
+        svg.append(s("rect", { x, y: 10, width: cw, height: 56, rx: 6, class: "card chunk" + (ci % 2) }), s("text", { x: x + cw / 2, y: 32, "text-anchor": "middle", class: "sym-k" }, (short ? "" : "φ(k)=") + vec(k)),
+          s("text", { x: x + cw / 2, y: 54, "text-anchor": "middle", class: "sym-v" }, (short ? "" : "v=") + fmt(d.values[i])));
       });
       chunks.slice(0, -1).forEach((c, ci) => {
-        const x = 20 + 136 * c.stop - 8, g = s("g", {}, s("circle", { cx: x, cy: 95, r: 13, fill: C.S }), s("text", { x, y: 100, "text-anchor": "middle", style: "fill:#fff" }, "S"));
+        const x = 16 + pitch * c.stop - 5, g = s("g", {}, s("circle", { cx: x, cy: 95, r: 13, fill: C.S }), s("text", { x, y: 100, "text-anchor": "middle", style: "fill:#fff" }, "S"));
         svg.append(g, s("text", { x, y: 124, "text-anchor": "middle", class: "muted-svg" }, vec(c.S_out)));
         anim(g, [{ transform: "translateX(-110px)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 600, delay: 150 * ci });  // the state handed on
       });
       const rows = chunks.flatMap((c, ci) => c.y.map((y, j) => [ci + 1, c.start + j + 1, fmt(c.inter_num[j]), fmt(c.inter_den[j]), fmt(c.intra_num[j]), fmt(c.intra_den[j]),
         "(" + fmt(c.inter_num[j]) + " + " + fmt(c.intra_num[j]) + ") / (" + fmt(c.inter_den[j]) + " + " + fmt(c.intra_den[j]) + ")", fmt(y, 4), fmt(d.loop_y[c.start + j], 4)]));
-      put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token", "（每个词元相同）")))), svg,
+      put(out, h("div", { class: "muted" }, fx("q̃ = " + vec(d.query) + tr(T(" for every token; each card: φ(k), then v", "（每个词元相同）；每张卡片：φ(k)，然后 v")))), svg,
         sub >= 1 ? formula(ui("num") + " = Q̃_c S_prev + [(Q̃_c K̃_cᵀ) ⊙ M] V_c", ui("den") + " = Q̃_c z_prev + rowsum[(Q̃_c K̃_cᵀ) ⊙ M]", "S_next = S_prev + K̃_cᵀ V_c,   z_next = z_prev + Σrows K̃_c") : null,
         table([tr(T("chunk", "块")), "t", tr(T("carried: num", "携带：分子")), tr(T("carried: den", "携带：分母")), tr(T("own: num", "块内：分子")), tr(T("own: den", "块内：分母")), tr(T("(num) / (den)", "(分子) / (分母)")), "y", tr(T("token loop", "逐词元循环"))], rows, { id: "chunk-table" }),
         h("div", { class: "muted" }, ui("handed") + ": " + chunks.map((c) => "S=" + vec(c.S_out) + " z=" + vec(c.z_out)).join("  →  ")),
         sub === 2 ? h("p", { class: "big", id: "chunk-final" }, "y₅ = " + fmt(d.num) + "/" + fmt(d.den) + " ≈ " + fmt(d.loop_y[4], 4)) : null);
     };
     return (n) => { sub = n; draw(); };
+  } });
+
+scene({ id: "orders", title: T("Three orders, one picture", "三种计算顺序，一张图"),
+  text: [T("The same outputs three ways. Row t of the T × T matrix A holds how much each earlier token i counts for the query at t (dense form: Y = AV / rowsum(A)). The recurrent state Sₜ is exactly the sum of the writes lit in that row. Drag t: the row moves, and Sₜ is rebuilt from its entries.",
+      "同一组输出，三种算法。T × T 矩阵 A 的第 t 行是每个更早的词元 i 对时刻 t 的查询有多重要（稠密形式：Y = AV / rowsum(A)）。递推状态 Sₜ 恰好是这一行里亮起的那些写入之和。拖动 t：这一行随之移动，Sₜ 由它的各项重新组成。"),
+    T("A gate α multiplies entry (t, i) by the product of the gates after i, αᵢ₊₁⋯αₜ: the older the write, the paler its cell, and Sₜ shrinks by the same factors. Move α (1 means no gate).",
+      "门 α 把第 (t, i) 项乘以 i 之后所有门的乘积 αᵢ₊₁⋯αₜ：写入越早，格子越淡，Sₜ 也按同样的因子缩小。移动 α（1 表示没有门）。"),
+    T("The chunk form cuts A into diagonal blocks of C tokens. Each block is a small dense product; everything left of a block is never formed: it is read through the state carried from chunk to chunk (the strip below). Any C gives the same y.",
+      "分块形式把 A 切成边长为 C 的对角块。每个块是一次小的稠密乘法；块左边的部分从不显式构造：它通过在块与块之间传递的状态读出（下方的条带）。任何 C 都给出同样的 y。")],
+  build(root) {
+    const d = DATA.chunks, n = d.keys.length, q = d.query;
+    const mk = (id, min, max, step, value) => h("input", { type: "range", id, min, max, step, value });
+    const tIn = mk("orders-t", 1, n, 1, n), aIn = mk("orders-alpha", 0.05, 1, 0.05, 1), cIn = mk("orders-chunk", 1, n, 1, 2);
+    const tOut = h("output", { id: "orders-t-value" }), aOut = h("output", { id: "orders-alpha-value" }), cOut = h("output", { id: "orders-chunk-value" });
+    const ctl = (label, inp, out) => h("label", { class: "control" }, fx(label), inp, " ", out);
+    const controls = h("div", { class: "controls" }), view = h("div", {});
+    root.append(controls, view);
+    let sub = -1;
+    const draw = (entering) => {
+      const t = Number(tIn.value), a = Number(aIn.value), C_ = sub === 2 ? Number(cIn.value) : n;
+      tOut.textContent = String(t); aOut.textContent = fmt(a); cOut.textContent = String(C_);
+      // The engine runs the recurrence; A is formed from q, k and the gates directly, and the two must agree.
+      const alpha = Array(n).fill(a), res = run({ rule: "gated", q, k: d.keys, v: d.values.map((x) => [x]), alpha, eps: 0 });
+      const decay = (tt, i) => Math.pow(a, tt - i), dot = (x, y) => x[0] * y[0] + x[1] * y[1];
+      const A = d.keys.map((_, tt) => d.keys.map((k, i) => (i <= tt ? dot(q, k) * decay(tt, i) : null)));
+      const chunkOf = (i) => Math.floor(i / C_), ti = t - 1, Arow = A[ti];
+      const g = h("div", { class: "grid orders-A", id: "orders-A", style: "grid-template-columns: repeat(" + (n + 1) + ", auto)" }, h("div", { class: "cell head" }, "t \\ i"),
+        d.keys.map((_, i) => h("div", { class: "cell head" }, String(i + 1))));
+      A.forEach((row, tt) => {
+        g.append(h("div", { class: "cell head" + (tt === ti ? " lit-head" : "") }, String(tt + 1)));
+        row.forEach((x, i) => {
+          const inBlock = chunkOf(i) === chunkOf(tt), cls = x === null ? " off" : (tt === ti ? " lit" : "") + (sub === 2 ? (inBlock ? " block" : " carried") : "");
+          const cell = h("div", { class: "cell" + cls, "data-t": tt + 1, "data-i": i + 1 }, x === null ? "" : fmt(x, 3));
+          if (x !== null) cell.style.setProperty("--shade", (0.15 + 0.85 * decay(tt, i)).toFixed(3));
+          g.append(cell);
+        });
+      });
+      // Row t's writes, weighted as in A, sum to S_t (the engine's): the same numbers, two orders.
+      const writes = Arow.map((x, i) => (x === null ? null : d.keys[i].map((kk) => decay(ti, i) * kk * d.values[i])));
+      const sum = [0, 1].map((r) => writes.reduce((acc, w) => acc + (w ? w[r] : 0), 0)), S = res.S[ti].map((r) => r[0]);
+      const num = Arow.reduce((acc, x, i) => acc + (x === null ? 0 : x * d.values[i]), 0), den = Arow.reduce((acc, x) => acc + (x || 0), 0);
+      const wl = h("div", { class: "orders-writes" }, writes.map((w, i) => (w ? h("div", { class: "write" }, fx(fmt(decay(ti, i), 4) + " · φ(k" + "₁₂₃₄₅"[i] + ")v" + "₁₂₃₄₅"[i] + " = " + vec(w, 4))) : null)),
+        h("div", { class: "big sym-S", id: "orders-sum" }, "Σ = " + vec(sum, 4)));
+      const Sbox = box(fx("Sₜ " + tr(T("from the recurrence", "由递推得到"))), grid(S.map((x) => [fmt(x, 4)]), { sym: "S", rowHeads: ["φ₁", "φ₂"] }),
+        h("div", { class: "big sym-y", id: "orders-y" }, "y" + "₁₂₃₄₅"[ti] + " = " + fmt(res.y[ti][0], 4)),
+        h("div", { class: "muted", id: "orders-dense-y" }, tr(T("row t of AV / rowsum(A): ", "AV / rowsum(A) 的第 t 行：")) + fmt(num, 4) + " / " + fmt(den, 4) + " = " + fmt(num / den, 4)));
+      const strip = sub === 2 ? h("div", { class: "orders-strip", id: "orders-strip" }, tr(T("carried state: ", "携带的状态：")),
+        Array.from({ length: Math.ceil(n / C_) }, (_, c) => Math.min(n, (c + 1) * C_)).map((stop, c, all) => [
+          h("span", { class: "chip chunk" + (c % 2) }, tr(T("chunk ", "块 ")) + (c + 1) + ": " + (c * C_ + 1) + "–" + stop),
+          c < all.length - 1 ? h("span", { class: "chip state" }, fx("S = " + vec(res.S[stop - 1].map((r) => r[0]), 4))) : null])) : null;
+      put(view, h("div", { class: "row" }, box(h("span", {}, h("span", { class: "sym sym-A" }, "A"), fx(" = (Q̃K̃ᵀ) ⊙ D")), g), box(fx(tr(T("writes lit in row t", "第 t 行亮起的写入"))), wl), Sbox), strip);
+      if (entering) view.querySelectorAll(".cell.lit").forEach((c, i) => anim(c, [{ transform: "scale(1.25)" }, { transform: "none" }], { duration: 450, delay: 90 * i }));
+    };
+    [tIn, aIn, cIn].forEach((inp) => inp.addEventListener("input", quietly(() => draw(false))));
+    return (nsub) => {
+      if (nsub !== sub) put(controls, ctl("t = ", tIn, tOut), nsub >= 1 ? ctl("α = ", aIn, aOut) : null, nsub === 2 ? ctl(ui("chunk") + " C = ", cIn, cOut) : null);
+      if (nsub === 0) aIn.value = "1";
+      sub = nsub; draw(true);
+    };
   } });
 
 scene({ id: "devices", title: T("Across devices: segments exchange states, not tokens", "跨设备：各段交换状态，而不是词元"),
@@ -561,7 +720,7 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
         const dists = [...new Set(m.recall_distance.map((r) => r.distance))], mechs = [...new Set(m.recall_distance.map((r) => r.mechanism))];
         const acc = (mech, dist) => m.recall_distance.find((r) => r.mechanism === mech && r.distance === dist).accuracy;
         const colors = [C.other, C.S, C.gate, C.k, C.err];
-        view.append(lineChart(mechs.map((mech, i) => ({ points: dists.map((x) => [x, 100 * acc(mech, x)]), color: colors[i], label: mech, dots: true })),
+        view.append(lineChart(mechs.map((mech, i) => ({ points: dists.map((x) => [x, 100 * acc(mech, x)]), color: colors[i], label: mechName(mech), dots: true })),
           { xlabel: tr(T("writes after the pair", "该对之后的写入数")), ylabel: tr(T("recall %", "取回准确率 %")), ymin: 0, ymax: 100, xticks: dists, yticks: [0, 50, 80, 100] }),
         h("p", { class: "muted" }, ui("source") + m.recall_file));
       }
@@ -657,28 +816,61 @@ const EXERCISES = [
     T("The effective rate βk² = 2 turns the error 3 into −3. With β = 1/k² = " + fmt(e.fixed_beta) + ": S′ = " + fmt(e.fixed_S) + ", prediction " + fmt(e.fixed_prediction) + ". The key's norm must enter the analysis.",
       "有效修正率 βk² = 2，误差从 3 变为 −3。若 β = 1/k² = " + fmt(e.fixed_beta) + "，则 S′ = " + fmt(e.fixed_S) + "、预测 = " + fmt(e.fixed_prediction) + "；key 的范数必须进入分析。")] },
 ];
+// Named mistakes: answers a learner reaches by one specific slip, and what that slip was. Each entry's values are
+// exact fractions [num, den] per box (null: any value there).
+const F = (num, den) => ({ value: num / (den || 1), num, den: den || 1 });
+const MISTAKES = [
+  [{ at: [F(8, 3), F(5, 3)], says: T("That is [8/3, 5/3]: the read of the first two tokens. Token 3 (k̃₃ = [1, 1], v₃ = [3, 2]) was forgotten: add its outer product to S and k̃₃ to z.",
+      "这是 [8/3, 5/3]：只有前两个词元时的读数。漏掉了词元 3（k̃₃ = [1, 1]，v₃ = [3, 2]）：把它的外积加进 S，把 k̃₃ 加进 z。") },
+    { at: [F(17), F(11)], says: T("That is the numerator q̃ᵀS = [17, 11] alone: divide it by the denominator q̃ᵀz = 6.", "这只是分子 q̃ᵀS = [17, 11]：还要除以分母 q̃ᵀz = 6。") },
+    { at: [F(17, 4), F(11, 4)], says: T("Divided by z's entries summed (4), not by q̃ᵀz = 2·2 + 1·2 = 6: the query weights z too.", "除的是 z 各分量之和 (4)，而不是 q̃ᵀz = 2·2 + 1·2 = 6：查询也要给 z 加权。") },
+    { at: [F(11, 6), F(17, 6)], says: T("The two entries are swapped: y₁ comes from S's first column.", "两个分量写反了：y₁ 来自 S 的第一列。") },
+    { at: [F(3), F(2)], says: T("That is v₃ alone: the read averages every token written so far, not only the last.", "这只是 v₃：读取是对所有已写入词元的加权平均，而不只是最后一个。") }],
+  [{ at: [F(6)], says: T("6 is what you get with the gates on the wrong tokens (token 1 × α₃, token 2 × α₂). A gate shrinks everything written before it: token 1 carries α₂α₃ = 0.125, token 2 only α₃ = 0.25.",
+      "6 是把门乘错了词元得到的（词元 1 × α₃，词元 2 × α₂）。门会缩小它之前写入的一切：词元 1 带 α₂α₃ = 0.125，词元 2 只带 α₃ = 0.25。") },
+    { at: [F(14, 3)], says: T("14/3 is the plain average of 2, 4, 8: the gates were left out.", "14/3 是 2、4、8 的普通平均：漏掉了门。") },
+    { at: [F(37, 4)], says: T("9.25 is the numerator alone: divide by z = 0.125 + 0.25 + 1 = 1.375.", "9.25 只是分子：还要除以 z = 0.125 + 0.25 + 1 = 1.375。") },
+    { at: [F(8)], says: T("8 is the last value alone: the gates shrink the old tokens, they do not erase them.", "8 只是最后一个值：门把旧词元缩小，但没有抹掉。") }],
+  [{ at: [null, F(5)], says: T("Prediction 5 is the unit-key result applied to k = 2. With ‖k‖ = 2 the write changes the prediction kS by βk²·e = 0.5·4·3 = 6, not by β·e: the key's norm enters twice.",
+      "预测 5 是把单位键的结论套到了 k = 2 上。‖k‖ = 2 时，写入让预测 kS 改变 βk²·e = 0.5·4·3 = 6，而不是 β·e：键的范数出现了两次。") },
+    { at: [F(5, 2), null], says: T("S = 2.5 leaves the key out of the write: S ← S + β k e = 1 + 0.5 · 2 · 3.", "S = 2.5 是写入时漏掉了键：S ← S + β k e = 1 + 0.5 · 2 · 3。") },
+    { at: [F(4), F(4)], says: T("S = 4 is right; the prediction is kS = 2 · 4, not S.", "S = 4 对了；预测是 kS = 2 · 4，而不是 S。") },
+    { at: [F(5), null], says: T("S = 5 takes S itself as the prediction (error 5 − 1 = 4). The old prediction is kS = 2 · 1 = 2, so the error is 3.", "S = 5 是把 S 本身当成了预测（误差 5 − 1 = 4）。旧预测是 kS = 2 · 1 = 2，所以误差是 3。") }],
+];
+// What the learner typed and the last verdict, per exercise, for as long as the page is open (leaving the step,
+// switching language or rotating the phone keeps them).
+const TYPED = {};
 scene({ id: "exercises", title: T("Exercises", "练习"), oneAtATime: true,
   text: EXERCISES.map((e) => T(e.title.en + " " + e.q.en, e.title.zh + " " + e.q.zh)),
   build(root) {
     const view = h("div", {});
     root.append(view);
     return (sub) => {
-      const ex = EXERCISES[sub], e = DATA.exercises[sub];
-      const inputs = ex.labels.map((l, i) => h("input", { type: "text", inputmode: "decimal", id: "ex-answer-" + i, "aria-label": tr(l), autocomplete: "off" }));
+      const ex = EXERCISES[sub], e = DATA.exercises[sub], want = e.fractions.map(([n, d]) => F(n, d));
+      const keep = TYPED[e.id] || (TYPED[e.id] = { values: ex.labels.map(() => ""), checked: false });
+      const inputs = ex.labels.map((l, i) => h("input", { type: "text", inputmode: "decimal", id: "ex-answer-" + i, "aria-label": tr(l), autocomplete: "off", value: keep.values[i],
+        oninput: (ev) => { keep.values[i] = ev.target.value; } }));
       const verdict = h("div", { id: "ex-verdict", role: "status" });
-      const check = () => {
-        const got = inputs.map((inp) => parseNumber(inp.value));
-        if (got.some((x) => Number.isNaN(x))) { verdict.className = "verdict"; verdict.textContent = ui("blank"); return; }
-        const ok = got.every((x, i) => close(x, e.answers[i]));
+      const check = (quiet) => {
+        keep.values = inputs.map((inp) => inp.value);
+        keep.checked = true;
+        const got = inputs.map((inp) => parseAnswer(inp.value));
+        if (got.some((x) => x === null)) { verdict.className = "verdict"; verdict.textContent = ui("blank"); verdict.dataset.diagnosis = "blank"; return; }
+        const right = got.map((x, i) => matches(x, want[i])), ok = right.every(Boolean);
+        const mistake = ok ? null : MISTAKES[sub].find((m) => m.at.every((w, i) => w === null || matches(got[i], w)));
+        const short = !ok && !mistake && got.some((x, i) => !right[i] && tooShort(x, want[i]));
         verdict.className = "verdict " + (ok ? "right" : "wrong");
-        verdict.textContent = ok ? ui("right") : ui("wrong");
-        inputs.forEach((inp, i) => inp.classList.toggle("bad", !close(got[i], e.answers[i])));
-        anim(verdict, [{ transform: "scale(0.9)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 350 });
+        verdict.dataset.diagnosis = ok ? "right" : mistake ? "mistake-" + MISTAKES[sub].indexOf(mistake) : short ? "short" : "wrong";
+        put(verdict, ok ? ui("right") : mistake ? fx(tr(mistake.says)) : short ? ui("short") : ui("wrong"));
+        inputs.forEach((inp, i) => inp.classList.toggle("bad", !right[i]));
+        if (!quiet) anim(verdict, [{ transform: "scale(0.9)", opacity: 0 }, { transform: "none", opacity: 1 }], { duration: 350 });
       };
       inputs.forEach((inp) => inp.addEventListener("keydown", (ev) => { if (ev.key === "Enter") check(); }));
-      put(view, h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: check }, ui("check"))), verdict,
+      put(view, h("div", { class: "answers" }, ex.labels.map((l, i) => h("label", { class: "control" }, tr(l) + " = ", inputs[i])), h("button", { type: "button", id: "ex-check", onclick: () => check() }, ui("check"))), verdict,
         h("details", { id: "ex-solution" }, h("summary", {}, ui("show")), ex.solution(e).map((p) => h("p", {}, fx(tr(p))))),
-        h("p", { class: "muted" }, tr(T("Write down the assumptions and units first, then substitute the numbers.", "先写出假设和单位，再代入数字。"))));
+        h("p", { class: "muted" }, tr(T("Fractions such as 17/6 are welcome; a decimal needs at least 4 significant digits. Write down the assumptions first, then substitute the numbers.",
+          "可以写分数，如 17/6；小数至少要 4 位有效数字。先写出假设，再代入数字。"))));
+      if (keep.checked) check(true);
     };
   } });
 
@@ -688,18 +880,24 @@ scene({ id: "lab", title: T("Hands-on: three orders of computation, one output",
   build(root) {
     const d = DATA.lab;
     const pre = h("pre", { id: "lab-commands" }, "python3 -m pip install numpy\npython3 lab.py\npython3 lab.py --seed 7\npython3 lab.py --chunk-size 3");
-    const out = h("pre", { id: "lab-output" }, d.checks.map((c) => h("span", { class: "codeline" }, c + ": ", h("span", { class: "pass" }, "PASS"), "\n")));
+    // The lab's own output (python3 lab.py, seed 0), captured when this page was built.
+    const out = h("pre", { id: "lab-output" }, h("span", { class: "codeline muted" }, "$ python3 lab.py\n"), d.output.map((line) => {
+      const m = /^(.*?: )(PASS|FAIL)(.*)$/.exec(line);
+      return h("span", { class: "codeline" }, m ? [m[1], h("span", { class: m[2] === "PASS" ? "pass" : "error" }, m[2]), m[3]] : line, "\n");
+    }));
     root.append(pre, out, h("p", {}, h("a", { id: "lab-download-2", download: "lab.py", href: "data:text/x-python;charset=utf-8;base64," + DATA.lab_b64 }, ui("lab"))),
       h("p", { class: "muted" }, tr(T("Default chunk sizes of the chunk check: ", "分块检查默认的块大小：")) + d.chunk_sizes.join(", ")));
-    return () => out.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0, transform: "translateX(-12px)" }, { opacity: 1, transform: "none" }], { duration: 350, delay: 150 * i }));
+    return () => out.querySelectorAll(".codeline").forEach((el, i) => anim(el, [{ opacity: 0 }, { opacity: 1 }], { duration: 250, delay: 90 * i }));
   } });
 
+const PLAYGROUND = {};
 scene({ id: "playground", title: T("Playground", "试验场"),
   text: [T("Edit the tokens (features φ(k), φ(q), values), the rule, the gates α and the write strengths β; for accumulate and gated also ε and its mode. S, z and y after every token are recomputed by the page's engine, the one the tests compare with linattn's float64 reference.",
     "编辑词元（特征 φ(k)、φ(q)、值）、规则、门控 α、写入强度 β；累加与门控规则还可以调 ε 及其模式。每个词元之后的 S、z 和 y 都由页面的计算引擎重算；测试会把这个引擎与 linattn 的 float64 参考实现对比。")],
   build(root) {
-    const st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", normalize: true, toks: [
-      { k: [1, 0], v: [2, 1], q: [2, 1], a: 0.5, b: 0.5 }, { k: [0, 1], v: [4, 3], q: [2, 1], a: 0.5, b: 0.5 }, { k: [1, 1], v: [3, 5], q: [2, 1], a: 0.5, b: 0.5 }] };
+    // The learner's edits live outside the scene, so a rebuild (resize, rotation, language) keeps them.
+    const st = PLAYGROUND.st || (PLAYGROUND.st = { rule: "accumulate", dv: 1, eps: 1e-6, eps_mode: "add", normalize: true, toks: [
+      { k: [1, 0], v: [2, 1], q: [2, 1], a: 0.5, b: 0.5 }, { k: [0, 1], v: [4, 3], q: [2, 1], a: 0.5, b: 0.5 }, { k: [1, 1], v: [3, 5], q: [2, 1], a: 0.5, b: 0.5 }] });
     const controls = h("div", { class: "controls" }), tbl = h("div", {}), out = h("div", {});
     root.append(controls, tbl, out);
     const num = (get, set, id, step) => h("input", { type: "number", step: step || "any", value: get(), id, oninput: (e) => {
@@ -721,12 +919,14 @@ scene({ id: "playground", title: T("Playground", "试验场"),
     const drawTable = () => {
       const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
       const head = ["", "φ(k)₁", "φ(k)₂", "v₁"].concat(st.dv === 2 ? ["v₂"] : [], ["φ(q)₁", "φ(q)₂"], gated ? ["α"] : [], delta ? ["β"] : []);
-      put(tbl, scroll(h("table", { class: "data inputs" }, h("tr", {}, head.map((x) => h("th", {}, fx(x)))), st.toks.map((tk, t) => h("tr", {}, h("td", {}, t + 1),
+      // On a phone each token's row becomes a short list of labelled fields (the table's kv style).
+      const cellsOf = (tr_) => { [...tr_.children].forEach((td, i) => td.setAttribute("data-label", i ? head[i] : "")); return tr_; };
+      put(tbl, scroll(h("table", { class: "data inputs kv" }, h("thead", {}, h("tr", {}, head.map((x) => h("th", {}, fx(x))))), st.toks.map((tk, t) => cellsOf(h("tr", {}, h("td", {}, ui("token") + " " + (t + 1)),
         [0, 1].map((i) => h("td", {}, num(() => tk.k[i], (x) => { tk.k[i] = x; }, "pg-k" + t + i))),
         (st.dv === 2 ? [0, 1] : [0]).map((j) => h("td", {}, num(() => tk.v[j], (x) => { tk.v[j] = x; }, "pg-v" + t + j))),
         [0, 1].map((i) => h("td", {}, num(() => tk.q[i], (x) => { tk.q[i] = x; }, "pg-q" + t + i))),
         gated ? h("td", {}, num(() => tk.a, (x) => { tk.a = Math.min(1, Math.max(0, x)); }, "pg-a" + t, "0.05")) : null,
-        delta ? h("td", {}, num(() => tk.b, (x) => { tk.b = x; }, "pg-b" + t, "0.05")) : null)))));
+        delta ? h("td", {}, num(() => tk.b, (x) => { tk.b = x; }, "pg-b" + t, "0.05")) : null))))));
     };
     const compute = () => {
       const gated = st.rule.startsWith("gated"), delta = st.rule.endsWith("delta");
