@@ -205,9 +205,11 @@ def exact_backward(ctx, grad_o, grad_S):
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
     with torch.enable_grad():
         o, S = torch_prefill(*inputs, ctx.cu, ctx.scale)
-    pairs = [(out, gr) for out, gr in ((o, grad_o), (S, grad_S)) if gr is not None]
+    # An output that depends on no input requiring grad has no graph (the final state, when only q requires
+    # grad: it holds keys and values alone); it contributes nothing.
+    pairs = [(out, gr) for out, gr in ((o, grad_o), (S, grad_S)) if gr is not None and out.requires_grad]
     got = torch.autograd.grad([p[0] for p in pairs], [inputs[i] for i in wanted], [p[1] for p in pairs],
-                              create_graph=True, allow_unused=True)
+                              create_graph=True, allow_unused=True) if pairs else [None] * len(wanted)
     grads: list = [None] * 9
     for i, gr in zip(wanted, got, strict=True):
         grads[i] = torch.zeros_like(inputs[i]) if gr is None else gr
