@@ -169,3 +169,33 @@ def test_partial_record_is_checked_on_the_fast_path():
     for backend in ("auto", "torch"):
         with pytest.raises(ValueError, match="feature_map 'elu1'"):
             linattn.step(q, k, v, state, backend=backend)
+
+
+@pytest.mark.parametrize("rule", linattn.RULES)
+def test_inputs_that_require_grad_are_refused_in_place(rule):
+    """An in-place step records no graph: an input requiring grad is refused by name on the first call, before
+    anything is written (left to run, the delta rules' backward met an overwritten state, and a k or v requiring
+    grad made the caller's state require grad, so the next in-place step refused it and a Decoder could not go
+    on). Under torch.no_grad() the same inputs decode as plain ones."""
+    q, k, v, kw = inputs(rule, "head", T=1)
+    x = dict(q=q[:, 0], k=k[:, 0], v=v[:, 0], **{n: t[:, 0] for n, t in kw.items()})
+    normalized = rule in ("accumulate", "gated")
+    fmap = "elu1" if normalized else "l2"
+    for name in x:
+        state = State.zeros(2, 2, 5, 3, normalizer=normalized)
+        dec = linattn.Decoder(state.clone(), rule=rule, feature_map=fmap)
+        args = {n: t.clone().requires_grad_(n == name) for n, t in x.items()}
+        with pytest.raises(ValueError, match=rf"inplace=True: {name} requires grad.*torch.no_grad\(\).*inplace=False"):
+            linattn.step(args.pop("q"), args.pop("k"), args.pop("v"), state, rule=rule, feature_map=fmap,
+                         inplace=True, **args)
+        args = {n: t.clone().requires_grad_(n == name) for n, t in x.items()}
+        with pytest.raises(ValueError, match=rf"inplace=True: {name} requires grad"):
+            dec(args["q"], args["k"], args["v"], g=args.get("g"), beta=args.get("beta"))
+        for st in (state, dec.state):
+            assert not st.S.any() and not st.S.requires_grad
+        with torch.no_grad():
+            o = dec(args["q"], args["k"], args["v"], g=args.get("g"), beta=args.get("beta"))
+        o_plain, want = linattn.step(x["q"], x["k"], x["v"], state, rule=rule, feature_map=fmap,
+                                     **{n: t for n, t in x.items() if n in ("g", "beta")})
+        assert torch.allclose(o, o_plain, atol=1e-6) and torch.allclose(dec.state.S, want.S, atol=1e-6)
+        assert not dec.state.S.requires_grad

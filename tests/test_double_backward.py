@@ -4,6 +4,8 @@ backward is first-order: a graph of the gradient (create_graph=True) must take a
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,13 +29,13 @@ def inputs(rule, *, B=1, T=37, H=2, D=5, Dv=3, dtype=torch.float32, per_channel=
 
 
 def hvp(rule, x, backend, feature_map, normalize, cu_seqlens=None, **extra):
-    """d/dx <grad_x L, u> for L = sum(o * w): every input's row of the Hessian-vector product (``extra``: more
-    arguments of linear_attention, e.g. form and chunk_size)."""
+    """d/dx <grad_x L, u> for L = sum(o * w): the row of the Hessian-vector product of every input that requires
+    grad (``extra``: more arguments of linear_attention, e.g. form and chunk_size)."""
     o, _ = linattn.linear_attention(x["q"], x["k"], x["v"], rule=rule, feature_map=feature_map, normalize=normalize,
                                     g=x.get("g"), beta=x.get("beta"), backend=backend, cu_seqlens=cu_seqlens, **extra)
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)  # the same w in any dtype
-    names = list(x)
+    names = [n for n in x if x[n].requires_grad]
     grads = torch.autograd.grad((o * w).sum() + (o * o).sum(), [x[n] for n in names], create_graph=True)
     u = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype) for t in grads]
     inner = sum((gr * ui).sum() for gr, ui in zip(grads, u, strict=True))
@@ -106,6 +108,31 @@ def test_torch_func_grad_over_many_chunks(rule, per_channel, dtype):
     for backend in ("torch", "auto"):
         got = torch.func.grad(lambda v_, b=backend: loss(v_, "chunk", b))(x["v"])
         assert rel(got.double(), want.double()) < (1e-10 if dtype == torch.float64 else 1e-6), backend
+
+
+SUBSETS = [names for r in range(1, 6) for names in itertools.combinations(("q", "k", "v", "g", "beta"), r)]
+
+
+@pytest.mark.parametrize("rule", ["gated", "delta", "gated_delta"])
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+def test_hessian_vector_product_when_only_some_inputs_require_grad(rule, backend):
+    """Any subset of the inputs may require grad: with q alone, the final state does not depend on any of them
+    (it holds keys and values only), which once ended the double backward in "element 1 of tensors does not
+    require grad". (elu1 for "gated": positive features keep its normalizer away from 0.)"""
+    fmap = "elu1" if rule == "gated" else "l2"
+    base = {n: t.detach() for n, t in inputs(rule, T=19).items()}
+    tried = 0
+    for names in SUBSETS:
+        if not set(names) <= set(base):
+            continue
+        tried += 1
+        x = {n: t.clone().requires_grad_(n in names) for n, t in base.items()}
+        got = hvp(rule, x, backend, fmap, None)
+        want = hvp(rule, x, "torch", fmap, None)
+        assert set(got) == set(names)
+        for n in names:
+            assert rel(got[n], want[n]) < 2e-4, (names, n, rel(got[n], want[n]))
+    assert tried == 2 ** len(base) - 1
 
 
 @pytest.mark.parametrize("rule", ["delta", "gated_delta"])

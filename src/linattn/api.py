@@ -14,7 +14,7 @@ from linattn import decode
 from linattn.call import prepare, prepare_step
 from linattn.checks import rule_module
 from linattn.feature_maps import FeatureMap
-from linattn.layout import split_state, state_tensor
+from linattn.layout import resolved, split_state, state_tensor
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
 from linattn.packing import run_packed
 from linattn.runner import run
@@ -98,6 +98,7 @@ def linear_attention(
     the matmul forms also the other outputs of its chunk (``"chunk"``) or of the whole sequence (``"parallel"``),
     since a masked product still computes 0 * NaN. Returns ``(o, final_state)``, ``o`` contiguous.
     """
+    q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values (kernels read memory)
     call = prepare(q, k, v, rule=rule, form=form, feature_map=feature_map, normalize=normalize, scale=scale,
                    eps=eps, eps_mode=eps_mode, g=g, beta=beta, initial_state=initial_state,
                    output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
@@ -144,6 +145,7 @@ def step(
                             state_dtype, inplace, backend)
     if fast is not None:
         return fast
+    q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values (kernels read memory)
     call = prepare_step(q, k, v, state, rule=rule, feature_map=feature_map, normalize=normalize, scale=scale, eps=eps,
                         eps_mode=eps_mode, g=g, beta=beta, state_dtype=state_dtype, inplace=inplace, backend=backend)
     return decode.run_step(call, q, k, v, g, beta, state, inplace)

@@ -125,6 +125,8 @@ def prepare_step(
     fmap = resolve_feature_map(feature_map)
     Dk = d_in if fmap is None else features(q[:1].to(dtype), k[:1].to(dtype), fmap, scale)[0].shape[-1]
     checks.check_gate_and_beta(rule, g, beta, (B, H), Dk, q.device)
+    if inplace:
+        checks.check_inplace_inputs(q=q, k=k, v=v, g=g, beta=beta)
     if state is not None:
         checks.check_state(state, B, H, Dk, Dv, normalize, q.device, name="state", rule=rule,
                            feature_map=feature_map, d_in=d_in)

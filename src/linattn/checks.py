@@ -294,6 +294,21 @@ def _overlapping(shape, stride) -> bool:
     return False
 
 
+def check_inplace_inputs(**tensors) -> None:
+    """``step(inplace=True)`` (and every :class:`linattn.Decoder` call) records no autograd graph: an input that
+    requires grad while grad mode is on is refused, before anything is written. (Left to run, the update would
+    overwrite a state the delta rules' backward needs, and a k or v requiring grad would make the caller's state
+    require grad, which the next in-place step refuses.)"""
+    if not torch.is_grad_enabled():
+        return
+    for name, x in tensors.items():
+        if x is not None and x.requires_grad:
+            raise ValueError(
+                f"inplace=True: {name} requires grad, but an in-place decode step records no gradient; decode "
+                f"under torch.no_grad() (or pass {name}.detach()), or pass inplace=False to keep the graph"
+            )
+
+
 def check_inplace(state: State, normalize: bool, dtype: torch.dtype) -> None:
     """``step(inplace=True)`` can update ``state``'s own tensors: the caller's S and z never go stale.
 

@@ -12,7 +12,7 @@ import torch
 from linattn import backends, checks
 from linattn.call import Call, prepare_step
 from linattn.feature_maps import resolve_feature_map
-from linattn.layout import features, group_heads, split_state, state_tensor, with_ones_column
+from linattn.layout import features, group_heads, resolved, split_state, state_tensor, with_ones_column
 from linattn.ops import DELTA_RULES, GATED_RULES, RULES
 from linattn.ops.common import normalized_read
 from linattn.state import State
@@ -30,11 +30,12 @@ def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_ma
 
 
 def _plain(q, k, v) -> bool:
-    """q, k, v are plain float32 contiguous CPU tensors outside autograd (what the one-call kernel reads)."""
+    """q, k, v are plain float32 contiguous CPU tensors outside autograd, no negative views (what the one-call
+    kernel reads: raw memory)."""
     return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
             and q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu
             and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-            and not (q.requires_grad or k.requires_grad or v.requires_grad))
+            and not (q.requires_grad or k.requires_grad or v.requires_grad or q.is_neg() or k.is_neg() or v.is_neg()))
 
 
 def _gate_width(gated: bool, delta: bool, g, beta, B: int, HV: int, D: int) -> int:
@@ -44,7 +45,8 @@ def _gate_width(gated: bool, delta: bool, g, beta, B: int, HV: int, D: int) -> i
     and neither where the rule has none. Their values are the kernel's to check (before it writes)."""
     width = 0
     if gated:
-        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad):
+        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad
+                and not g.is_neg()):
             return -1
         g_shape = g.shape
         if g_shape == (B, HV):
@@ -57,7 +59,7 @@ def _gate_width(gated: bool, delta: bool, g, beta, B: int, HV: int, D: int) -> i
         return -1
     if delta:
         if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
-                and not beta.requires_grad and beta.shape == (B, HV)):
+                and not beta.requires_grad and beta.shape == (B, HV) and not beta.is_neg()):
             return -1
     elif beta is not None:
         return -1
@@ -119,14 +121,15 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     # The state: S [B, HV, D, Dv] as columns of one contiguous [B, HV, D, Dw] buffer, z (normalized) its last column.
     S, z = state.S, state.z
     Dw = Dv + 1 if normalize else Dv
-    if type(S) is not _Tensor or S.dtype is not _F32 or not S.is_cpu or S.requires_grad or S.shape != (B, HV, D, Dv):
+    if (type(S) is not _Tensor or S.dtype is not _F32 or not S.is_cpu or S.requires_grad or S.shape != (B, HV, D, Dv)
+            or S.is_neg()):
         return None
     if S.stride() != (HV * D * Dw, D * Dw, Dw, 1):
         return None
     S_at = S.data_ptr()
     if normalize:  # z must be that buffer's last column (and cover it: the kernel writes its last element)
         if (type(z) is not _Tensor or z.dtype is not _F32 or z.requires_grad or z.data_ptr() != S_at + 4 * Dv
-                or z.stride() != (HV * D * Dw, D * Dw, Dw) or z.shape != (B, HV, D)):
+                or z.stride() != (HV * D * Dw, D * Dw, Dw) or z.shape != (B, HV, D) or z.is_neg()):
             return None
     elif z is not None:
         return None
@@ -231,6 +234,7 @@ class Decoder:
         o = self._fast(q, k, v, g, beta)
         if o is not None:
             return o
+        q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values
         call = prepare_step(q, k, v, self.state, rule=self.rule, feature_map=self.feature_map,
                             normalize=self.normalize, scale=self.scale, eps=self.eps, eps_mode=self.eps_mode, g=g,
                             beta=beta, state_dtype=None, inplace=True, backend=self.backend)
@@ -261,10 +265,11 @@ class Decoder:
             return None
         S, z = st.S, st.z
         if (S.requires_grad or S.shape != (B, HV, D, Dv) or S.stride() != (HV * D * Dw, D * Dw, Dw, 1)
-                or S.dtype is not _F32 or not S.is_cpu or (z is not None and not self.normalize)):
+                or S.dtype is not _F32 or not S.is_cpu or (z is not None and not self.normalize) or S.is_neg()):
             return None
         S_at = S.data_ptr()
-        if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)):
+        if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)
+                               or z.is_neg()):
             return None
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None

@@ -11,6 +11,15 @@ from linattn.state import State, joint_view
 UNSET = object()  # "no feature map to record" (None is a map: the identity)
 
 
+def resolved(x):
+    """``x`` as plain memory: a negative or conjugate view (``torch._neg_view``, ``x.conj()``; autograd makes
+    negative views inside some graphs) materialized with its values, anything else (None, non-tensors, which the
+    checks then name) as it is. The compiled kernels read raw memory, where such a view holds other numbers."""
+    if isinstance(x, torch.Tensor) and (x.is_neg() or x.is_conj()):
+        return x.resolve_conj().resolve_neg()
+    return x
+
+
 def features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap | None, scale: float | None):
     """Feature-mapped (q, k) and the query scale (default: feature width ** -0.5), not yet applied."""
     if fmap is not None:
@@ -38,15 +47,18 @@ def augmented(state: State, dtype: torch.dtype) -> torch.Tensor:
     each step.
     """
     S, z = state.S, state.z
-    joint = None if S.dtype != dtype or S.requires_grad or z.requires_grad else joint_view(S, z)
+    # (A negative view shares the buffer's address but not its values: it is read through the concatenation.)
+    plain = not (S.requires_grad or z.requires_grad or S.is_neg() or z.is_neg())
+    joint = joint_view(S, z) if S.dtype == dtype and plain else None
     if joint is not None:
         return joint
     return torch.cat([S, z.unsqueeze(-1)], dim=-1).to(dtype)
 
 
 def state_tensor(state: State, normalize: bool, dtype: torch.dtype) -> torch.Tensor:
-    """The state as the runners take it: ``[S | z]`` when normalized, else S, in ``dtype``."""
-    return augmented(state, dtype) if normalize else state.S.to(dtype)
+    """The state as the runners take it: ``[S | z]`` when normalized, else S, in ``dtype`` (as plain memory: a
+    negative view is copied, and :func:`split_state` writes an in-place update back into it)."""
+    return augmented(state, dtype) if normalize else resolved(state.S.to(dtype))
 
 
 def with_ones_column(v: torch.Tensor) -> torch.Tensor:
@@ -58,12 +70,15 @@ def split_state(
     S_aug: torch.Tensor, normalize: bool, rule: str | None = None, feature_map=UNSET, into: State | None = None
 ) -> State:
     """The state to return, recording what made it (``rule``, ``feature_map``; left out: no record). ``into``: the
-    caller's state that ``inplace=True`` updates; when the update ran on a joint copy of its separate S and z,
-    the result is written back into them."""
+    caller's state that ``inplace=True`` updates; when the update ran on a copy (a joint copy of its separate S
+    and z, a negative view's values), the result is written back into them."""
     name = None if feature_map is UNSET else feature_map_name(feature_map)
     if into is not None and S_aug.data_ptr() != into.S.data_ptr():
-        into.S.copy_(S_aug[..., :-1])
-        into.z.copy_(S_aug[..., -1])
+        if normalize:
+            into.S.copy_(S_aug[..., :-1])
+            into.z.copy_(S_aug[..., -1])
+        else:
+            into.S.copy_(S_aug)
         S, z = into.S, into.z
     else:
         S, z = (S_aug[..., :-1], S_aug[..., -1]) if normalize else (S_aug, None)

@@ -88,6 +88,8 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     """
     if x is None:
         return None
+    if x.is_neg():  # a negative view's memory holds the negated values
+        x = x.resolve_neg()
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
     a = (x.detach() if x.requires_grad else x).numpy()
@@ -101,7 +103,7 @@ KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feat
 
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
     """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
-    return x.detach().contiguous().view(torch.int16).numpy().reshape(shape)
+    return x.detach().resolve_neg().contiguous().view(torch.int16).numpy().reshape(shape)
 
 
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
@@ -187,9 +189,10 @@ class CompiledPrefill(torch.autograd.Function):
             return exact_backward(ctx, grad_o, grad_S)
         q, k, v, g, beta, _ = ctx.saved_tensors
         N, H, Dk, Dw = len(ctx.cu) - 1, q.shape[1], q.shape[2], v.shape[2]
+        # (The incoming gradients may be negative views, which autograd makes: resolved before NumPy reads them.)
         dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
-               else grad_S.to(torch.float32).transpose(-1, -2).contiguous())
-        do = torch.zeros(v.shape) if grad_o is None else grad_o.to(torch.float32).contiguous()
+               else grad_S.resolve_neg().to(torch.float32).transpose(-1, -2).contiguous())
+        do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
         dq, dk, dv, dg, dbeta = _numba.backward(
             f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, dST.numpy(), do.numpy(),
             scale=ctx.scale, every=ctx.every)
@@ -205,9 +208,11 @@ def exact_backward(ctx, grad_o, grad_S):
     wanted = [i for i, x in enumerate(inputs) if x is not None and ctx.needs_input_grad[i]]
     with torch.enable_grad():
         o, S = torch_prefill(*inputs, ctx.cu, ctx.scale)
-    pairs = [(out, gr) for out, gr in ((o, grad_o), (S, grad_S)) if gr is not None]
+    # An output that depends on no input requiring grad has no graph (the final state, when only q requires
+    # grad: it holds keys and values alone); it contributes nothing.
+    pairs = [(out, gr) for out, gr in ((o, grad_o), (S, grad_S)) if gr is not None and out.requires_grad]
     got = torch.autograd.grad([p[0] for p in pairs], [inputs[i] for i in wanted], [p[1] for p in pairs],
-                              create_graph=True, allow_unused=True)
+                              create_graph=True, allow_unused=True) if pairs else [None] * len(wanted)
     grads: list = [None] * 9
     for i, gr in zip(wanted, got, strict=True):
         grads[i] = torch.zeros_like(inputs[i]) if gr is None else gr
