@@ -538,3 +538,11 @@ def test_show_plot_names_runs_and_draws_shared_guides_once(doc, tmp_path, monkey
     assert sum("KV bytes" in label for label in labels) == 1  # the same line in both runs: drawn once
     marks = [t.get_text() for t in ax_b.texts]
     assert marks == ["[1, 2] bytes equal at L=2"]  # both candidates of both runs at one L: one label
+
+
+def test_docs_excerpt_is_the_committed_result():
+    """docs/bench.md quotes `linattn bench show` of the committed reference file, line for line."""
+    root = Path(__file__).resolve().parents[1]
+    path = root / "benchmarks/results/arch-linear-recurrence-v2_cpu-reference.json"
+    table = bench_report.format_table([results.read_result(path, bench_report.SCHEMA)])
+    assert table.strip() in (root / "docs" / "bench.md").read_text(encoding="utf-8")

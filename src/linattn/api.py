@@ -67,8 +67,9 @@ def linear_attention(
         form: ``"recurrent"`` (token loop, the semantics), ``"chunk"`` (default; matmuls inside chunks, state carried
             between them; the training path), ``"parallel"`` (dense masked T x T; accumulate, gated), ``"scan"``
             (log-depth associative scan; accumulate, gated). :func:`supported_forms` lists them per rule.
-        feature_map: ``None`` (q, k are features already), ``"relu1"``, ``"elu1"``, ``"identity"``, ``"taylor2"``
-            (Based, width 1 + D + D^2) or a callable ``[..., D] -> [..., r]``.
+        feature_map: ``None`` (q, k are features already), ``"relu1"``, ``"elu1"``, ``"identity"``, ``"l2"``
+            (x / |x|, as fla and Qwen3-Next normalize q and k), ``"taylor2"`` (Based, width 1 + D + D^2) or a
+            callable ``[..., D] -> [..., r]``.
         normalize: divide by q^T z. ``None`` (default) means the rule's own definition: ``True`` for accumulate and
             gated, ``False`` for the delta rules (which define no z; ``True`` there is an error).
         scale: multiplies the query features; default ``r ** -0.5`` with r the feature width (as in
@@ -87,11 +88,14 @@ def linear_attention(
             0 ... T nondecreasing, with ``B = 1``; sequence i is tokens ``cu_seqlens[i]:cu_seqlens[i+1]``. Nothing
             crosses a boundary; ``initial_state`` and the final state have N entries (a zero-length sequence passes
             its initial state through). See :mod:`linattn.packing`.
-        backend: ``"auto"`` (default: a compiled kernel where it covers the call and was measured faster, else
-            the torch form: numba on CPU; Triton only when forced), ``"torch"`` (always the torch forms), ``"cpu"``
-            (the fused numba token loop: forward only, float32 state, CPU) or ``"triton"`` (the Triton kernels: CUDA,
-            or CPU under ``TRITON_INTERPRET=1``). A forced backend that cannot run the call is a ``ValueError`` naming
-            the reason. See :mod:`linattn.backends`.
+        backend: ``"auto"`` (default: the compiled CPU kernel where it covers the call and was measured faster,
+            else the torch forms; on CUDA the torch forms, the Triton kernels only when forced), ``"torch"``
+            (PyTorch operations, any device: every rule in every form, forward, backward and double backward),
+            ``"cpu"`` (the compiled numba token loops, float32 state on CPU tensors: every rule's forward, decode
+            step and backward; a double backward recomputes in the torch forms) or ``"triton"`` (the Triton
+            kernels: every rule's chunk forward and backward and the decode step; CUDA, or CPU under
+            ``TRITON_INTERPRET=1``). A forced backend that cannot run the call is a ``ValueError`` naming the
+            reason. See :mod:`linattn.backends`.
 
     A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
     error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in
