@@ -231,6 +231,18 @@ class Decoder:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                  beta: torch.Tensor | None = None) -> torch.Tensor:
+        """One token: write it into :attr:`state` (in place), then read it with the query.
+
+        Args:
+            q: query ``[B, H, Dk_in]``, before the feature map.
+            k: key, the shape of ``q``.
+            v: value ``[B, HV, Dv]`` (HV a multiple of H: grouped value heads).
+            g: log-gate ``[B, HV]`` (or ``[B, HV, r]`` per key channel) for the gated rules, else None.
+            beta: write strength ``[B, HV]`` for the delta rules, else None.
+
+        Returns:
+            o: ``[B, HV, Dv]`` in ``v.dtype``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)`` returns.
+        """
         o = self._fast(q, k, v, g, beta)
         if o is not None:
             return o
