@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from linattn import buffers
 from linattn.feature_maps import feature_map_name
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES, accumulate, delta, gated, gated_delta
 from linattn.state import State, is_joint
@@ -104,17 +105,38 @@ def check_qkv(q, k, v, token_dims: int) -> None:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
+_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)  # no public query
+
+
+def functorch_wrapped(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a torch.func transform's wrapper (vmap's batched tensor, grad's tracking tensor): it has no
+    memory of its own, and under vmap its values cannot steer Python control flow."""
+    return _WRAPPED is not None and bool(_WRAPPED(x))
+
+
 def _all_nonpositive(g: torch.Tensor) -> bool:
     """Whether every entry of g is <= 0 (False where one is NaN). A float32 or float64 CPU tensor is read through
     NumPy, on one thread: a torch reduction of a long sequence's gates wakes torch's OpenMP threads, which then spin
     on the cores that the compiled kernel's threads start on next (a gated-delta prefill at T = 8192, H = 8 took
     0.76x-0.80x of its time at 2 threads; benchmarks/results/gate_check_ab_cpu.txt)."""
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided:
-        try:
-            return bool(g.detach().numpy().max() <= 0)  # NaN is the max of an array that holds one: False
+    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided and not (
+            g.is_neg() or functorch_wrapped(g)):
+        try:  # (a view of its memory that leaves g resizable, as x.numpy() would not)
+            return bool(buffers.array(g).max() <= 0)  # NaN is the max of an array that holds one: False
         except (RuntimeError, TypeError):  # a tensor NumPy cannot view (a torch.func or fake tensor): torch's own
             pass
     return bool((g <= 0).all())
+
+
+def _nonpositive_or_batched(g: torch.Tensor) -> bool:
+    """:func:`_all_nonpositive`, or True under ``torch.func.vmap``: a batched tensor's values cannot be read
+    into Python (vmap raises on data-dependent control flow), so the value check is skipped there."""
+    try:
+        return _all_nonpositive(g)
+    except RuntimeError:
+        if functorch_wrapped(g):
+            return True
+        raise
 
 
 def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, device) -> None:
@@ -139,7 +161,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
                 "form to pick its decay path), which a meta tensor does not have; accumulate and delta run on meta"
             )
         # One pass that also catches NaN (NaN > 0 is False, NaN <= 0 too): a NaN gate is an error, not a state.
-        if g.numel() and not _all_nonpositive(g):
+        if g.numel() and not _nonpositive_or_batched(g):
             bad = "NaN" if bool(g.isnan().any()) else f"largest value {g.max().item():.4g}"
             raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); it holds {bad}")
     elif g is not None:
@@ -306,6 +328,19 @@ def check_inplace_inputs(**tensors) -> None:
             raise ValueError(
                 f"inplace=True: {name} requires grad, but an in-place decode step records no gradient; decode "
                 f"under torch.no_grad() (or pass {name}.detach()), or pass inplace=False to keep the graph"
+            )
+
+
+def check_inplace_batched(state: State, **tensors) -> None:
+    """Under ``torch.func.vmap``, ``step(inplace=True)`` can write only into a state vmap batches too: a batched
+    input with an unbatched state is refused, by name, instead of torch's in-place error."""
+    if functorch_wrapped(state.S):
+        return
+    for name, x in tensors.items():
+        if x is not None and functorch_wrapped(x):
+            raise ValueError(
+                f"inplace=True: {name} is batched by torch.func.vmap but the state is not, so one state cannot take "
+                "the batch's updates; pass inplace=False inside vmap"
             )
 
 
