@@ -134,6 +134,11 @@ def test_bad_construction_names_the_argument():
         linattn.Decoder(state, rule="delta")
     with pytest.raises(ValueError, match="inplace=True: the state requires grad"):
         linattn.Decoder(State(state.S.clone().requires_grad_(), state.z.clone()))
+    for empty in ((1, 2, 0, 3), (0, 2, 4, 3), (1, 2, 4, 0)):  # once a ZeroDivisionError for a width of 0
+        with pytest.raises(ValueError, match=r"state.S must have no empty dimension, got shape"):
+            linattn.Decoder(State.zeros(*empty))
+    with pytest.raises(ValueError, match=r"state.S must be a dense \(strided\) tensor"):
+        linattn.Decoder(State(state.S.to_sparse(), state.z))
     recorded = linattn.linear_attention(torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 3),
                                         rule="gated", g=torch.zeros(1, 2, 2), feature_map="elu1",
                                         output_final_state=True)[1]

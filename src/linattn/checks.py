@@ -73,9 +73,16 @@ def warn_layout(q: torch.Tensor) -> None:
         )
 
 
+def check_dense(name: str, x: torch.Tensor) -> None:
+    """Sparse (COO, CSR, ...) and other non-strided tensors have no per-element memory the forms can index."""
+    if x.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
+
+
 def check_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_dense(name, x)
     if x.dim() != ndim:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
@@ -148,6 +155,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
         ok = (tuple(lead), (*lead, feature_dim))  # one gate per head, or per key channel (GLA, KDA)
         if not isinstance(g, torch.Tensor):
             raise TypeError(f"g must be a torch.Tensor, got {type(g).__name__}")
+        check_dense("g", g)
         if tuple(g.shape) not in ok:
             want = " or ".join(f"[{', '.join(map(str, s))}]" for s in ok)
             raise ValueError(f"g must have shape {want} for rule {rule!r}, got {tuple(g.shape)}")
@@ -171,6 +179,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
             raise ValueError(f"beta: rule {rule!r} needs a write strength beta of shape [{lead_s}]")
         if not isinstance(beta, torch.Tensor):
             raise TypeError(f"beta must be a torch.Tensor, got {type(beta).__name__}")
+        check_dense("beta", beta)
         if tuple(beta.shape) != tuple(lead):
             raise ValueError(f"beta must have shape [{lead_s}], got {tuple(beta.shape)}")
         if not beta.is_floating_point():
@@ -246,12 +255,13 @@ def check_cu_seqlens(cu_seqlens: object, T: int, B: int, device) -> torch.Tensor
         raise ValueError(f"cu_seqlens: packed sequences need batch size 1 (all sequences in one row), got B = {B}")
     if cu_seqlens.is_meta:
         raise ValueError("cu_seqlens is on the meta device: its values (the sequence boundaries) are needed")
-    cu = cu_seqlens.to(device=device, dtype=torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != T:
-        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {int(cu[0])} ... {int(cu[-1])}")
+    cu = cu_seqlens.to(device=device if device.type != "meta" else "cpu", dtype=torch.int64)
+    ends = cu[[0, -1]].tolist()
+    if ends != [0, T]:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {ends[0]} ... {ends[1]}")
     if bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"cu_seqlens must be nondecreasing, got {cu.tolist()}")
-    return cu
+    return cu  # on q's device; on the CPU for meta tensors (shapes only), where the boundaries are still read
 
 
 _UNSET = object()
@@ -279,6 +289,11 @@ def check_state(
         )
     if not state.S.is_floating_point():  # State checks this when made; S may have been replaced since
         raise TypeError(f"{name}.S must be a real floating-point tensor, got {state.S.dtype}")
+    check_dense(f"{name}.S", state.S)
+    if state.z is not None:
+        check_dense(f"{name}.z", state.z)
+    if 0 in state.S.shape:  # as q, k, v: an empty batch, head or width holds nothing to decode
+        raise ValueError(f"{name}.S must have no empty dimension, got shape {tuple(state.S.shape)}")
     if tuple(state.S.shape) != (B, H, Dk, Dv):
         why = ""
         if state.S.shape[2] != Dk and d_in is not None and Dk != d_in:
