@@ -1,5 +1,5 @@
 """What a fresh output buffer costs: writing a reused buffer, a fresh one from torch's allocator, and a fresh one
-from ``linattn.buffers.empty`` (its own huge-page mapping from ``buffers.MIN_BYTES``), at 16 and 64 MiB, 1 thread.
+from ``linattn.buffers.empty`` (advised onto huge pages from ``buffers.MIN_BYTES``), at 16 and 64 MiB, 1 thread.
 Median milliseconds of 9 calls, the three ways alternating.
 
 Usage, from the repository root: ``PYTHONPATH=src python scripts/buffers_cost.py``

@@ -134,6 +134,11 @@ def test_bad_construction_names_the_argument():
         linattn.Decoder(state, rule="delta")
     with pytest.raises(ValueError, match="inplace=True: the state requires grad"):
         linattn.Decoder(State(state.S.clone().requires_grad_(), state.z.clone()))
+    for empty in ((1, 2, 0, 3), (0, 2, 4, 3), (1, 2, 4, 0)):  # once a ZeroDivisionError for a width of 0
+        with pytest.raises(ValueError, match=r"state.S must have no empty dimension, got shape"):
+            linattn.Decoder(State.zeros(*empty))
+    with pytest.raises(ValueError, match=r"state.S must be a dense \(strided\) tensor"):
+        linattn.Decoder(State(state.S.to_sparse(), state.z))
     recorded = linattn.linear_attention(torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 3),
                                         rule="gated", g=torch.zeros(1, 2, 2), feature_map="elu1",
                                         output_final_state=True)[1]
@@ -199,3 +204,36 @@ def test_inputs_that_require_grad_are_refused_in_place(rule):
                                      **{n: t for n, t in x.items() if n in ("g", "beta")})
         assert torch.allclose(o, o_plain, atol=1e-6) and torch.allclose(dec.state.S, want.S, atol=1e-6)
         assert not dec.state.S.requires_grad
+
+
+@pytest.mark.parametrize("rule", ["gated", "gated_delta"])
+def test_step_runs_under_vmap_over_the_gate(rule):
+    """step vmapped over g (and over q, v, g at once) equals a loop of steps: the gate value check, which reads
+    values into Python, is skipped for vmap's batched tensors (it once raised vmap's "data-dependent control
+    flow"); in place with a state vmap does not batch is refused by name; the Decoder refuses every torch.func
+    transform with its own message (it once raised baddbmm's in-place error)."""
+    q, k, v, kw = inputs(rule, "head", T=5)
+    q, k, v, g = q.transpose(0, 1), k[:, 0], v.transpose(0, 1), kw["g"].transpose(0, 1)  # [T=5, B, ...]: vmap dims
+    beta = kw.get("beta", torch.empty(0))[:, 0] if rule == "gated_delta" else None
+    normalized = rule == "gated"
+    fmap = "elu1" if normalized else "l2"
+    state = State.zeros(2, 2, 5, 3, normalizer=normalized)
+
+    def one(q_, v_, g_):
+        return linattn.step(q_, k, v_, state, rule=rule, feature_map=fmap, g=g_, beta=beta)[0]
+
+    want = torch.stack([one(q[i], v[i], g[i]) for i in range(5)])
+    got = torch.func.vmap(lambda g_: one(q[0], v[0], g_))(g)
+    assert torch.allclose(got, torch.stack([one(q[0], v[0], g[i]) for i in range(5)]), atol=1e-6)
+    assert torch.allclose(torch.func.vmap(one)(q, v, g), want, atol=1e-6)
+    with pytest.raises(ValueError, match="inplace=True: g is batched by torch.func.vmap but the state is not"):
+        torch.func.vmap(lambda g_: linattn.step(q[0], k, v[0], state, rule=rule, feature_map=fmap, g=g_, beta=beta,
+                                                inplace=True)[0])(g)
+    assert not state.S.any()
+    dec = linattn.Decoder(state, rule=rule, feature_map=fmap)
+    with pytest.raises(ValueError, match=r"Decoder: called under a torch.func transform .*inplace=False"):
+        torch.func.vmap(lambda g_: dec(q[0], k, v[0], g=g_, beta=beta))(g)
+    with pytest.raises(ValueError, match=r"Decoder: called under a torch.func transform"):
+        torch.func.grad(lambda v_: dec(q[0], k, v_, g=g[0], beta=beta).sum())(v[0])
+    assert not dec.state.S.any()
+    assert torch.allclose(dec(q[0], k, v[0], g=g[0], beta=beta), want[0], atol=1e-6)  # and runs outside

@@ -117,6 +117,13 @@ SEQUENCE_CASES = [
      ValueError, r"initial_state.z is set"),
     ("initial_state width after feature map", dict(feature_map="taylor2", initial_state=State.zeros(B, H, D, DV)),
      ValueError, r"initial_state.S must be \[B, H, Dk, Dv\] = \(2, 3, 21, 6\)"),
+    ("sparse gate", dict(rule="gated", g=g_().to_sparse()), ValueError,
+     r"g must be a dense \(strided\) tensor, got layout torch.sparse_coo"),
+    ("sparse beta", dict(rule="delta", beta=beta_().to_sparse()), ValueError, r"beta must be a dense \(strided\)"),
+    ("sparse q", dict(q=torch.rand(B, T, H, D).to_sparse()), ValueError, r"q must be a dense \(strided\) tensor"),
+    ("sparse v", dict(v=torch.rand(B, T, H, DV).to_sparse()), ValueError, r"v must be a dense \(strided\) tensor"),
+    ("sparse initial_state", dict(normalize=False, initial_state=State(torch.zeros(B, H, D, DV).to_sparse())),
+     ValueError, r"initial_state.S must be a dense \(strided\) tensor"),
 ]
 
 
@@ -226,6 +233,11 @@ STEP_CASES = [
                                                       feature_map="relu1")),
      ValueError, r"state was made with feature_map 'relu1' but this call uses 'identity'"),
     ("state_dtype False", dict(state_dtype=False), TypeError, r"state_dtype must be a floating torch.dtype"),
+    ("sparse gate", dict(rule="gated", g=torch.full((B, H), -0.1).to_sparse()), ValueError,
+     r"g must be a dense \(strided\) tensor, got layout torch.sparse_coo; pass g.to_dense\(\)"),
+    ("sparse k", dict(k=torch.rand(B, H, D).to_sparse()), ValueError, r"k must be a dense \(strided\) tensor"),
+    ("sparse state.z", dict(state=State(torch.zeros(B, H, D, DV), torch.zeros(B, H, D).to_sparse())), ValueError,
+     r"state.z must be a dense \(strided\) tensor"),
     ("inplace with another dtype", dict(state=State.zeros(B, H, D, DV, dtype=torch.float64), state_dtype=torch.float32,
                                         inplace=True), ValueError, r"inplace=True needs the state in torch.float32"),
 ]

@@ -134,6 +134,30 @@ def test_bad_cu_seqlens(cu, exc, match):
         linattn.linear_attention(q, q, q, cu_seqlens=cu)
 
 
+@pytest.mark.parametrize("rule", ["accumulate", "delta"])
+def test_packed_call_runs_on_meta_tensors(rule):
+    """Shape propagation: a packed call on meta tensors gives the shapes and dtypes of a real one (the boundaries
+    are read from cu_seqlens on the CPU; once "Tensor.item() cannot be called on meta tensors"); a bad boundary is
+    still the same error."""
+    T, H, D, Dv = 11, 2, 3, 4
+    cu = torch.tensor([0, 4, 4, T])
+    kw = dict(rule=rule, cu_seqlens=cu, output_final_state=True, feature_map="elu1")
+
+    def run(device, cu=cu):
+        q, k = (torch.rand(1, T, H, D, device=device, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.rand(1, T, H * 2, Dv, device=device, dtype=torch.bfloat16)
+        beta = torch.rand(1, T, H * 2, device=device, dtype=torch.bfloat16) if rule == "delta" else None
+        return linattn.linear_attention(q, k, v, beta=beta, **{**kw, "cu_seqlens": cu})
+
+    o, s = run("meta")
+    o_cpu, s_cpu = run("cpu")
+    assert o.is_meta and o.shape == o_cpu.shape == (1, T, H * 2, Dv) and o.dtype == o_cpu.dtype
+    assert s.S.is_meta and s.S.shape == s_cpu.S.shape == (3, H * 2, D, Dv) and s.S.dtype == s_cpu.S.dtype
+    assert (s.z is None) == (s_cpu.z is None) and (s.z is None or s.z.shape == s_cpu.z.shape)
+    with pytest.raises(ValueError, match="nondecreasing"):
+        run("meta", torch.tensor([0, 5, 4, T]))
+
+
 def test_packed_needs_batch_one_and_n_initial_states():
     q = torch.rand(2, 5, 2, 3)
     with pytest.raises(ValueError, match="batch size 1"):

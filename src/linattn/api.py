@@ -142,8 +142,11 @@ def step(
     returns ``o [B, HV, Dv]`` and the new :class:`State`. Arguments mean what they mean in
     :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).
     ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
-    one (no autograd through it); the state must then already be in the accumulation dtype.
+    one (no autograd through it: an input that requires grad is refused while grad is on); the state must then
+    already be in the accumulation dtype.
     ``backend`` as in :func:`linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
+    Under ``torch.func.vmap`` the torch step runs and the gate's values are not checked (``g <= 0``: a batched
+    tensor's values cannot be read into Python); ``inplace=True`` there needs a state that vmap batches too.
     """
     fast = decode.fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta,
                             state_dtype, inplace, backend)

@@ -132,6 +132,7 @@ def prepare_step(
                            feature_map=feature_map, d_in=d_in)
         if inplace:
             checks.check_inplace(state, normalize, dtype)
+            checks.check_inplace_batched(state, q=q, k=k, v=v, g=g, beta=beta)
     return Call(rule=rule, form="step", ops=mod, feature_map=feature_map, fmap=fmap, normalize=normalize,
                 scale=scale, eps=eps, eps_mode=eps_mode, dtype=dtype, chunk_size=1, backend=backend, B=B, T=1,
                 Hq=Hq, H=H, Dk=Dk, Dv=Dv, d_in=d_in, gate=None if g is None else gate_kind(g, 3), grad=False,

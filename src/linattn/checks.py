@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from linattn import buffers
 from linattn.feature_maps import feature_map_name
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES, accumulate, delta, gated, gated_delta
 from linattn.state import State, is_joint
@@ -72,9 +73,16 @@ def warn_layout(q: torch.Tensor) -> None:
         )
 
 
+def check_dense(name: str, x: torch.Tensor) -> None:
+    """Sparse (COO, CSR, ...) and other non-strided tensors have no per-element memory the forms can index."""
+    if x.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {x.layout}; pass {name}.to_dense()")
+
+
 def check_tensor(name: str, x: object, ndim: int, layout: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    check_dense(name, x)
     if x.dim() != ndim:
         raise ValueError(f"{name} must be {layout}, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
@@ -104,17 +112,38 @@ def check_qkv(q, k, v, token_dims: int) -> None:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
+_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)  # no public query
+
+
+def functorch_wrapped(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a torch.func transform's wrapper (vmap's batched tensor, grad's tracking tensor): it has no
+    memory of its own, and under vmap its values cannot steer Python control flow."""
+    return _WRAPPED is not None and bool(_WRAPPED(x))
+
+
 def _all_nonpositive(g: torch.Tensor) -> bool:
     """Whether every entry of g is <= 0 (False where one is NaN). A float32 or float64 CPU tensor is read through
     NumPy, on one thread: a torch reduction of a long sequence's gates wakes torch's OpenMP threads, which then spin
     on the cores that the compiled kernel's threads start on next (a gated-delta prefill at T = 8192, H = 8 took
     0.76x-0.80x of its time at 2 threads; benchmarks/results/gate_check_ab_cpu.txt)."""
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided:
-        try:
-            return bool(g.detach().numpy().max() <= 0)  # NaN is the max of an array that holds one: False
+    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided and not (
+            g.is_neg() or functorch_wrapped(g)):
+        try:  # (a view of its memory that leaves g resizable, as x.numpy() would not)
+            return bool(buffers.array(g).max() <= 0)  # NaN is the max of an array that holds one: False
         except (RuntimeError, TypeError):  # a tensor NumPy cannot view (a torch.func or fake tensor): torch's own
             pass
     return bool((g <= 0).all())
+
+
+def _nonpositive_or_batched(g: torch.Tensor) -> bool:
+    """:func:`_all_nonpositive`, or True under ``torch.func.vmap``: a batched tensor's values cannot be read
+    into Python (vmap raises on data-dependent control flow), so the value check is skipped there."""
+    try:
+        return _all_nonpositive(g)
+    except RuntimeError:
+        if functorch_wrapped(g):
+            return True
+        raise
 
 
 def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, device) -> None:
@@ -126,6 +155,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
         ok = (tuple(lead), (*lead, feature_dim))  # one gate per head, or per key channel (GLA, KDA)
         if not isinstance(g, torch.Tensor):
             raise TypeError(f"g must be a torch.Tensor, got {type(g).__name__}")
+        check_dense("g", g)
         if tuple(g.shape) not in ok:
             want = " or ".join(f"[{', '.join(map(str, s))}]" for s in ok)
             raise ValueError(f"g must have shape {want} for rule {rule!r}, got {tuple(g.shape)}")
@@ -139,7 +169,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
                 "form to pick its decay path), which a meta tensor does not have; accumulate and delta run on meta"
             )
         # One pass that also catches NaN (NaN > 0 is False, NaN <= 0 too): a NaN gate is an error, not a state.
-        if g.numel() and not _all_nonpositive(g):
+        if g.numel() and not _nonpositive_or_batched(g):
             bad = "NaN" if bool(g.isnan().any()) else f"largest value {g.max().item():.4g}"
             raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); it holds {bad}")
     elif g is not None:
@@ -149,6 +179,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
             raise ValueError(f"beta: rule {rule!r} needs a write strength beta of shape [{lead_s}]")
         if not isinstance(beta, torch.Tensor):
             raise TypeError(f"beta must be a torch.Tensor, got {type(beta).__name__}")
+        check_dense("beta", beta)
         if tuple(beta.shape) != tuple(lead):
             raise ValueError(f"beta must have shape [{lead_s}], got {tuple(beta.shape)}")
         if not beta.is_floating_point():
@@ -224,12 +255,13 @@ def check_cu_seqlens(cu_seqlens: object, T: int, B: int, device) -> torch.Tensor
         raise ValueError(f"cu_seqlens: packed sequences need batch size 1 (all sequences in one row), got B = {B}")
     if cu_seqlens.is_meta:
         raise ValueError("cu_seqlens is on the meta device: its values (the sequence boundaries) are needed")
-    cu = cu_seqlens.to(device=device, dtype=torch.int64)
-    if int(cu[0]) != 0 or int(cu[-1]) != T:
-        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {int(cu[0])} ... {int(cu[-1])}")
+    cu = cu_seqlens.to(device=device if device.type != "meta" else "cpu", dtype=torch.int64)
+    ends = cu[[0, -1]].tolist()
+    if ends != [0, T]:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T = {T}, got {ends[0]} ... {ends[1]}")
     if bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"cu_seqlens must be nondecreasing, got {cu.tolist()}")
-    return cu
+    return cu  # on q's device; on the CPU for meta tensors (shapes only), where the boundaries are still read
 
 
 _UNSET = object()
@@ -257,6 +289,11 @@ def check_state(
         )
     if not state.S.is_floating_point():  # State checks this when made; S may have been replaced since
         raise TypeError(f"{name}.S must be a real floating-point tensor, got {state.S.dtype}")
+    check_dense(f"{name}.S", state.S)
+    if state.z is not None:
+        check_dense(f"{name}.z", state.z)
+    if 0 in state.S.shape:  # as q, k, v: an empty batch, head or width holds nothing to decode
+        raise ValueError(f"{name}.S must have no empty dimension, got shape {tuple(state.S.shape)}")
     if tuple(state.S.shape) != (B, H, Dk, Dv):
         why = ""
         if state.S.shape[2] != Dk and d_in is not None and Dk != d_in:
@@ -306,6 +343,19 @@ def check_inplace_inputs(**tensors) -> None:
             raise ValueError(
                 f"inplace=True: {name} requires grad, but an in-place decode step records no gradient; decode "
                 f"under torch.no_grad() (or pass {name}.detach()), or pass inplace=False to keep the graph"
+            )
+
+
+def check_inplace_batched(state: State, **tensors) -> None:
+    """Under ``torch.func.vmap``, ``step(inplace=True)`` can write only into a state vmap batches too: a batched
+    input with an unbatched state is refused, by name, instead of torch's in-place error."""
+    if functorch_wrapped(state.S):
+        return
+    for name, x in tensors.items():
+        if x is not None and functorch_wrapped(x):
+            raise ValueError(
+                f"inplace=True: {name} is batched by torch.func.vmap but the state is not, so one state cannot take "
+                "the batch's updates; pass inplace=False inside vmap"
             )
 
 

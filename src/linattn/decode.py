@@ -246,6 +246,12 @@ class Decoder:
         o = self._fast(q, k, v, g, beta)
         if o is not None:
             return o
+        if backends.functorch_active():
+            raise ValueError(
+                "Decoder: called under a torch.func transform (vmap, grad, ...); a Decoder updates its state in "
+                "place, which a transform can neither batch nor differentiate: inside the transform call "
+                "linattn.step(q, k, v, state, ..., inplace=False)"
+            )
         q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values
         call = prepare_step(q, k, v, self.state, rule=self.rule, feature_map=self.feature_map,
                             normalize=self.normalize, scale=self.scale, eps=self.eps, eps_mode=self.eps_mode, g=g,

@@ -62,7 +62,7 @@ class _Segment:
     """Tokens ``j * seg ... (j + 1) * seg - 1`` of every sequence still running: one row each, padded to the
     longest. ``src`` are their packed positions, ``dst`` their places in the flattened ``[rows, width]``."""
 
-    def __init__(self, cu: torch.Tensor, lengths: torch.Tensor, j: int, seg: int):
+    def __init__(self, cu: torch.Tensor, lengths: torch.Tensor, j: int, seg: int, device: torch.device):
         self.active = torch.nonzero(lengths > j * seg).flatten()
         rem = (lengths[self.active] - j * seg).clamp(max=seg)
         self.rows, self.width = self.active.numel(), int(rem.max())
@@ -79,6 +79,9 @@ class _Segment:
         mask = torch.ones(self.rows * self.width, dtype=torch.bool, device=cu.device)
         mask[self.dst] = False
         self.padding = torch.nonzero(mask).flatten()
+        if cu.device != device:  # meta tensors: the boundaries were read on the CPU, the indices go to meta
+            for name in ("active", "src", "dst", "gather", "padding"):
+                setattr(self, name, getattr(self, name).to(device))
 
     def pad(self, x: torch.Tensor | None, zero: bool) -> torch.Tensor | None:
         """``[1, T, ...]`` -> ``[rows, width, ...]`` in one gather; the padding holds a real token's values (q, k:
@@ -118,7 +121,7 @@ def run_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tup
     qq, kk = q.to(dtype), k.to(dtype)
     sources, outputs = [], []
     for j in range(-(-int(lengths.max()) // seg)):  # segments, each one call over all running sequences
-        part = _Segment(cu, lengths, j, seg)
+        part = _Segment(cu, lengths, j, seg, q.device)
         o, S_part = run(segment_call(call, part.rows, part.width), part.pad(qq, False), part.pad(kk, False),
                         part.pad(vv, True), part.pad(g, True), part.pad(beta, True), S[part.active])
         S = S.index_copy(0, part.active, S_part.to(S.dtype))  # out of place: autograd keeps each segment's

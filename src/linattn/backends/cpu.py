@@ -82,7 +82,8 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
 
 
 def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
-    """float32, contiguous NumPy view (a copy only when the dtype or the layout differs), reshaped, or None.
+    """float32, contiguous NumPy view (a copy only when the dtype or the layout differs), reshaped, or None (the
+    view leaves the tensor resizable: :func:`linattn.buffers.array`).
 
     Written for decode, where each torch call costs about a microsecond: NumPy reshapes cost a tenth of that.
     """
@@ -92,7 +93,7 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
         x = x.resolve_neg()
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
-    a = (x.detach() if x.requires_grad else x).numpy()
+    a = buffers.array(x)
     return a if shape is None else a.reshape(shape)
 
 
@@ -103,7 +104,7 @@ KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feat
 
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
     """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
-    return x.detach().resolve_neg().contiguous().view(torch.int16).numpy().reshape(shape)
+    return buffers.array(x.detach().resolve_neg().contiguous().view(torch.int16)).reshape(shape)
 
 
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
@@ -113,7 +114,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     B, T, Hq, _ = q.shape
     H, Dv = v.shape[-2:]
     cu = (np.arange(B + 1, dtype=np.int64) * T if cu_seqlens is None
-          else cu_seqlens.detach().to("cpu", torch.int64).contiguous().numpy())
+          else np.array(cu_seqlens.detach().to("cpu", torch.int64).tolist(), dtype=np.int64))  # ours: kept for backward
     # A built-in map the kernel applies to each row as it loads it: no mapped copies of q and k (each a full pass
     # in torch, and a fresh tensor whose pages fault on first write).
     in_kernel = None if grad or fmap is None else next((n for f, n in KERNEL_MAPS if f is fmap), None)
@@ -133,7 +134,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     o = buffers.empty((B * T, H, Dv))
     view = bf16_bits if raw else f32
     _numba.prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)), f32(g, (*flat, -1)),
-                   f32(beta, flat), cu, ST.numpy(), o.numpy(), scale=scale, eps=float(eps),
+                   f32(beta, flat), cu, buffers.array(ST), buffers.array(o), scale=scale, eps=float(eps),
                    clamp=eps_mode == "clamp", normalize=normalize, fmap=in_kernel)
     o = o.view(B, T, H, Dv)
     if v.dtype != torch.float32:
@@ -177,7 +178,7 @@ class CompiledPrefill(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, S0, cu, scale, every):
         ST = S0.detach().to(torch.float32).transpose(-1, -2).contiguous()
         o = buffers.empty(tuple(v.shape))
-        ckpt = _numba.prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, ST.numpy(), o.numpy(),
+        ckpt = _numba.prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, buffers.array(ST), buffers.array(o),
                                    scale=scale, eps=0.0, clamp=False, normalize=False, every=every)
         ctx.save_for_backward(q, k, v, g, beta, S0)
         ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
@@ -194,7 +195,7 @@ class CompiledPrefill(torch.autograd.Function):
                else grad_S.resolve_neg().to(torch.float32).transpose(-1, -2).contiguous())
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
         dq, dk, dv, dg, dbeta = _numba.backward(
-            f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, dST.numpy(), do.numpy(),
+            f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, buffers.array(dST), buffers.array(do),
             scale=ctx.scale, every=ctx.every)
         t = torch.from_numpy
         return (t(dq), t(dk), t(dv), None if dg is None else t(dg), None if dbeta is None else t(dbeta),
@@ -264,7 +265,7 @@ def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backe
     # One token is a sequence of length 1: [B, H, ...] -> [B, 1, H, ...] views.
     _numba.run(f32(q, (B, 1, H, Dk)), f32(k, (B, 1, H, Dk)), f32(v, (B, 1, H, Dv)),
                f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), f32(beta, (B, 1, H)),
-               state.detach().numpy(), o.numpy().reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
+               buffers.array(state), buffers.array(o).reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
                clamp=eps_mode == "clamp", normalize=normalize)
     if inplace:
         torch.autograd.graph.increment_version(state)  # written through NumPy: autograd must know
