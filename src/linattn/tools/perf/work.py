@@ -39,10 +39,12 @@ class PerfConfig:
 
 
 FULL = PerfConfig()
+# A smoke run: every implementation once at one small shape, one thread count, no memory pass (seconds, not
+# minutes; its numbers mean nothing and no target is judged on them).
 QUICK = PerfConfig(
-    H=2, D=16, seq_shapes=((1, 128), (1, 512), (2, 128)), recurrent_shapes=((1, 128),), decode_batches=(1, 4),
-    target=(1, 128), long=(1, 512), repeats=2, min_sample_s=0.002, case_budget_s=0.5, max_call_s=2.0, budget_s=60.0,
-    matmul_n=256, copy_numel=1 << 20, quick=True,
+    H=2, D=16, seq_shapes=((1, 128),), recurrent_shapes=((1, 128),), decode_batches=(1,), target=(1, 128),
+    long=(1, 128), threads=(1,), repeats=2, min_sample_s=0.001, case_budget_s=0.2, max_call_s=2.0, budget_s=30.0,
+    matmul_n=256, copy_numel=1 << 20, memory=False, quick=True,
 )
 
 
