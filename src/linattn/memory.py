@@ -59,7 +59,7 @@ def dtype_bytes(dtype: str | int, *, name: str = "dtype") -> int:
     if isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
         if key not in DTYPE_BYTES:
-            raise ValueError(f"{name}: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+            raise ValueError(f"{name}: unknown dtype {dtype!r}; expected one of {', '.join(sorted(DTYPE_BYTES))}")
         return DTYPE_BYTES[key]
     return _check_int(name, dtype)
 
@@ -223,7 +223,8 @@ class LayerPlan:
             raise ValueError(f"LayerPlan.layer_types: {len(self.layer_types):,} layers, more than {MAX_LAYERS:,}")
         bad = sorted({t for t in self.layer_types if t not in ("linear", "full")})
         if bad:
-            raise ValueError(f"LayerPlan.layer_types: unknown layer type(s) {bad}; expected 'linear' or 'full'")
+            raise ValueError(f"LayerPlan.layer_types: unknown layer type(s) {', '.join(map(repr, bad))}; expected "
+                             "'linear' or 'full'")
         canonical_dtype(self.model_dtype, name="LayerPlan.model_dtype")
 
     @property
@@ -329,7 +330,8 @@ def _check_keys(config: Mapping[str, Any], allowed: set[str], prefix: str = "") 
     unknown = sorted(k for k in config if k not in allowed and not str(k).startswith("_"))
     if unknown:
         raise ValueError(
-            f"config: unknown key(s) {[prefix + str(k) for k in unknown]}; the memory planner reads Qwen3-Next and "
+            f"config: unknown key(s) {', '.join(prefix + str(k) for k in unknown)}; the memory planner reads "
+            "Qwen3-Next and "
             "Kimi Linear style keys (pass strict=False / --ignore-unknown-keys to skip keys it does not know)"
         )
 
@@ -342,7 +344,8 @@ def _qwen_layer_types(config: Mapping[str, Any], n_layers: int) -> tuple[str, ..
         mapping = {"linear_attention": "linear", "full_attention": "full"}
         bad = sorted({str(t) for t in types if t not in mapping})
         if bad:
-            raise ValueError(f"config key 'layer_types': unknown entries {bad}; expected {sorted(mapping)}")
+            raise ValueError(f"config key 'layer_types': unknown entries {', '.join(map(repr, bad))}; expected "
+                             f"{', '.join(sorted(mapping))}")
         return tuple(mapping[t] for t in types)
     if "full_attention_interval" not in config:
         raise ValueError("config: needs 'layer_types' or 'full_attention_interval' to place the full-attention layers")
@@ -448,7 +451,7 @@ def plan_from_config(config: Mapping[str, Any], *, strict: bool = True, name: st
     else:
         raise ValueError(
             "config: no linear-attention layers described; expected Qwen3-Next keys "
-            f"{list(_QWEN_LINEAR_KEYS)} or a Kimi 'linear_attn_config'"
+            f"{', '.join(map(str, _QWEN_LINEAR_KEYS))} or a Kimi 'linear_attn_config'"
         )
     label = name or str(config.get("_name_or_path") or config.get("model_type") or "config")
     return LayerPlan(label, types, linear, attention, model_dtype, source=config.get("_source"))

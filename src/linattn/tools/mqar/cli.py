@@ -103,7 +103,8 @@ def _mixers(ctx, param, value):
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     bad = [n for n in names if n not in MIXER_SPECS]
     if bad or not names:
-        raise click.BadParameter(f"unknown mixer(s) {bad}; expected some of {list(MIXER_SPECS)}")
+        raise click.BadParameter(f"unknown mixer(s) {', '.join(bad) or '(none given)'}; expected some of "
+                                 f"{', '.join(MIXER_SPECS)}")
     return names
 
 

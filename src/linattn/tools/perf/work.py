@@ -53,7 +53,7 @@ QUICK = PerfConfig(
 
 def _check(variant: str, softmax: bool = False) -> None:
     if variant not in pp.VARIANTS and not (softmax and variant == "softmax"):
-        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(pp.VARIANTS)}")
+        raise ValueError(f"variant: unknown {variant!r}; expected one of {', '.join(map(str, pp.VARIANTS))}")
 
 
 def rule_flops(variant: str, B: int, T: int, H: int, Dk: int, Dv: int, *, backward: bool = False) -> int:
@@ -129,5 +129,6 @@ def select(cases: list[C], only: tuple[str, ...]) -> list[C]:
     pats = [p if any(c in p for c in "*?[") else f"*{p}*" for p in only]
     chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
     if not chosen:
-        raise ValueError(f"only: no case matches {list(only)}; names look like {cases[0].name!r} (see --list)")
+        raise ValueError(f"only: no case matches {', '.join(only)}; names look like {cases[0].name!r} "
+                         "(see --list)")
     return chosen
