@@ -77,3 +77,60 @@ def test_quick_replaces_only_the_defaults_a_user_left(monkeypatch):
     seen.clear()
     CliRunner().invoke(main, ["recall", "--no-progress"])
     assert (seen["d"], seen["trials"]) == (64, 16)  # without --quick nothing changes
+
+
+def test_a_mistyped_tool_name_suggests_the_tool():
+    res = CliRunner().invoke(main, ["bnech"])
+    assert res.exit_code == 2 and "No such command 'bnech'. Did you mean 'bench'?" in res.output
+    res = CliRunner().invoke(main, ["stabilty", "--help"])
+    assert res.exit_code == 2 and "Did you mean 'stability'?" in res.output
+    res = CliRunner().invoke(main, ["zzzz"])
+    assert res.exit_code == 2 and "No such command 'zzzz'" in res.output and "Did you mean" not in res.output
+
+
+def test_one_thread_default_rule_for_every_tool(monkeypatch):
+    from linattn.tools import recall
+    from linattn.tools.harness import cli as hcli
+
+    assert hcli.default_threads("cpu", 2)[0] == 1 and hcli.default_threads("cpu", 4)[0] == 1
+    assert hcli.default_threads("cpu", 16)[0] is None and hcli.default_threads("cuda", 2)[0] is None
+    for name, cmd in _commands():  # every single-count --threads says the rule in its help
+        param = next((p for p in cmd.params if p.name == "threads"), None)
+        if param is not None and name != "perf":
+            assert param.default is None and hcli.THREADS_RULE in param.help, name
+    seen = {}
+
+    def fake(**kwargs):
+        seen["threads"] = torch.get_num_threads()
+        raise SystemExit(0)
+
+    import torch
+
+    monkeypatch.setattr(recall, "run_recall", fake)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(hcli.os, "cpu_count", lambda: 2)
+        CliRunner().invoke(main, ["recall", "--no-progress"])
+        assert seen["threads"] == 1  # a small machine: one thread
+        monkeypatch.setattr(hcli.os, "cpu_count", lambda: 64)
+        CliRunner().invoke(main, ["recall", "--no-progress"])
+        assert seen["threads"] == 2  # a large one: torch's own choice
+        CliRunner().invoke(main, ["recall", "--no-progress", "--threads", "3"])
+        assert seen["threads"] == 3
+        assert torch.get_num_threads() == 2  # restored after each command
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_messages_format_no_raw_lists():
+    """Messages join names with ", " instead of printing a Python list (``['a', 'b']``) or tuple."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "src" / "linattn"
+    raw = re.compile(r"\{(?:list|sorted|tuple)\((?!.*\.shape)[^{}]*\)\}|\{\[[^{}]*\]\}")
+    files = [*root.joinpath("tools").rglob("*.py"), root / "cli.py", root / "memory.py"]
+    hits = [f"{p.name}:{i}" for p in files if p.exists()
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if raw.search(line)]
+    assert hits == []

@@ -400,9 +400,9 @@ def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate
         torch.set_num_threads(threads)
     check_against_reference(q, k, v, kw, o, state, rule=rule, feature_map=fmap)
     if rule == "gated":
-        assert len(calls) == 1 and len(launched) == 1  # the prefill launched; the step took the one-call kernel
+        assert len(calls) == 1 and launched == []  # the step took the one-call kernel (the prefill launches none)
     else:
-        assert calls == [] and len(launched) == 2 and launched[-1] == 1
+        assert calls == [] and launched == [1]  # the serial token loop
 
 
 def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
@@ -426,7 +426,7 @@ def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     check_against_reference(q, k, v, kw, o, state, rule="gated_delta")
-    assert calls == [] and launched[1:] == [2, 2, 2]
+    assert calls == [] and launched == [2, 2, 2]  # the steps (the prefill splits its units in on_threads)
     assert cpu_numba.decode_parallel_threshold(1) > 1 << 60  # one thread: always serial
 
 

@@ -296,20 +296,25 @@ def test_torch_func_transforms_never_reach_the_compiled_kernels():
         torch.func.grad(lambda v_: linattn.linear_attention(qs, ks, v_, backend="cpu")[0].sum())(vs)
 
 
-def test_parallel_builds_match_serial(monkeypatch):
-    """The prange builds (taken above PARALLEL_MIN_WORK with more than one thread) give the serial results,
-    forward and backward, packed and grouped."""
+@pytest.mark.parametrize("rule,gate,normalize", [("gated_delta", "channel", False), ("gated", "head", True)])
+def test_parallel_builds_match_serial(monkeypatch, rule, gate, normalize):
+    """Two threads (above PARALLEL_MIN_WORK) give the serial results, forward and backward, packed and grouped:
+    the prefill's units on a pool of threads and then its normalized rows, the backward's prange build."""
     import numba
 
     from linattn.kernels import cpu_numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
-    q, k, v, kw, cu = packed("gated_delta", "channel")
-    leaves = [x.requires_grad_(True) for x in (q, k, v, kw["g"], kw["beta"])]
+    q, k, v, kw, cu = packed(rule, gate)
+    kw = dict(kw, normalize=normalize, feature_map="elu1" if normalize else None)
+    leaves = [x.requires_grad_(True) for x in (q, k, v, kw.get("g"), kw.get("beta")) if x is not None]
     runs, launched = [], []
-    real_launch = cpu_numba.launch
-    monkeypatch.setattr(cpu_numba, "launch", lambda p, s, args, n: launched.append(n) or real_launch(p, s, args, n))
+    real_launch, real_on_threads = cpu_numba.launch, cpu_numba.on_threads
+    monkeypatch.setattr(cpu_numba, "launch",
+                        lambda p, s, args, n: launched.append(("launch", n)) or real_launch(p, s, args, n))
+    monkeypatch.setattr(cpu_numba, "on_threads",
+                        lambda fn, count, n: launched.append(("threads", n)) or real_on_threads(fn, count, n))
     for threads, min_work in ((1, 1 << 62), (2, 0)):
         monkeypatch.setattr(cpu_numba, "PARALLEL_MIN_WORK", min_work)
         before = torch.get_num_threads()
@@ -319,9 +324,31 @@ def test_parallel_builds_match_serial(monkeypatch):
             runs.append((o, S.S, *torch.autograd.grad((o * o).sum() + S.S.sum(), leaves)))
         finally:
             torch.set_num_threads(before)
-    assert launched == [1, 1, 2, 2]  # forward and backward, serial then parallel
+    prefill_2 = [("threads", 2)] if not normalize else [("threads", 2), ("threads", 2)]  # units, then rows
+    assert launched == [("launch", 1), *prefill_2, ("launch", 2)]  # the backward: its prange build at 2
     for a, b in zip(*runs, strict=True):
         assert rel_err(b, np64(a)) < 1e-5
+
+
+def test_on_threads_covers_every_index_once_and_raises_a_part_s_error():
+    from linattn.kernels import cpu_numba
+
+    seen = []
+    cpu_numba.on_threads(lambda lo, hi: seen.extend(range(lo, hi)), 10, 3)
+    assert sorted(seen) == list(range(10))
+    seen.clear()
+    cpu_numba.on_threads(lambda lo, hi: seen.extend(range(lo, hi)), 2, 4)  # fewer indices than threads
+    assert sorted(seen) == [0, 1]
+
+    def fail_late(lo, hi):
+        if hi == 10:
+            raise ValueError("last part")
+        seen.append(lo)
+
+    seen.clear()
+    with pytest.raises(ValueError, match="last part"):
+        cpu_numba.on_threads(fail_late, 10, 2)
+    assert seen == [0]  # the other part still ran to its end
 
 
 def test_compiled_backward_steps_aside_for_torch_func_and_learnable_maps():

@@ -182,12 +182,12 @@ def test_head_dim_falls_back_to_hidden_size_over_heads():
 @pytest.mark.parametrize(
     "change,match",
     [
-        ({"rope_tricks": 3}, r"unknown key\(s\) \['rope_tricks'\]"),
+        ({"rope_tricks": 3}, r"unknown key\(s\) rope_tricks;"),
         ({"num_hidden_layers": "48"}, "'num_hidden_layers' must be an integer"),
         ({"linear_key_head_dim": -128}, "'linear_key_head_dim' must be an integer >= 1, got -128"),
         ({"linear_num_value_heads": 3}, "must be a multiple of 'linear_num_key_heads'"),
         ({"layer_types": ["linear_attention"] * 7}, "'layer_types' must be a list of num_hidden_layers=8"),
-        ({"layer_types": ["mamba"] * 8}, r"'layer_types': unknown entries \['mamba'\]"),
+        ({"layer_types": ["mamba"] * 8}, "'layer_types': unknown entries 'mamba'; expected full_attention, linear"),
         ({"torch_dtype": "int4"}, "config key 'torch_dtype': unknown dtype 'int4'"),
         ({"linear_attn_config": {"num_heads": 2}}, "mixes Kimi 'linear_attn_config' with Qwen3-Next keys"),
     ],
@@ -231,7 +231,7 @@ def _kimi_config(**lac_overrides):
         ({"full_attn_layers": []}, r"layers \[4\] are in neither"),
         ({"kda_layers": [0, 1, 2]}, r"'linear_attn_config.kda_layers': layer 0 is not in 1..4"),
         ({"kda_layers": "1-3"}, "'linear_attn_config.kda_layers' must be a list"),
-        ({"chunk": 64}, r"unknown key\(s\) \['linear_attn_config.chunk'\]"),
+        ({"chunk": 64}, r"unknown key\(s\) linear_attn_config.chunk;"),
         ({"num_heads": 0}, "'linear_attn_config.num_heads' must be an integer >= 1"),
     ],
 )
@@ -249,7 +249,7 @@ def test_load_config_errors_name_the_file(tmp_path):
         mem.load_config(tmp_path / "absent.json")
     odd = tmp_path / "config.json"
     odd.write_text(json.dumps(_qwen_config(extra_thing=1)))
-    with pytest.raises(ValueError, match=r"config.json: config: unknown key\(s\) \['extra_thing'\]"):
+    with pytest.raises(ValueError, match=r"config.json: config: unknown key\(s\) extra_thing;"):
         mem.load_config(odd)
 
 

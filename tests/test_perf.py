@@ -5,6 +5,7 @@ timing; peers are stand-ins so the tests need no optional package."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ FAKE = pp.Peer("test.recurrent_as_peer", "linattn", "linear_attention", "accumul
 MISSING = pp.Peer("test.missing", "linattn_no_such_module_xyz", "f", "delta", "chunk", _recurrent_as_peer,
                   "no-such-dist")
 ONLY = ("fwd/accumulate/*/B1_T128", "fwd/delta/*/B1_T128", "decode/accumulate/linattn/B4")
+# The quick configuration at two thread counts and two decode batches: the full run's structure, in seconds.
+TINY = replace(work.QUICK, threads=(1, 2), decode_batches=(1, 4), seq_shapes=((1, 128), (1, 512), (2, 128)),
+               long=(1, 512), memory=True, quick=False)
 
 
 # --- formulas ------------------------------------------------------------------------------------------------------
@@ -82,7 +86,7 @@ def test_unknown_variant_is_named():
 
 
 def test_select_patterns():
-    cases = perf.build_cases(work.QUICK, peers=(FAKE,))
+    cases = perf.build_cases(TINY, peers=(FAKE,))
     names = [c.name for c in work.select(cases, ("fwd/",))]
     assert names and all(n.startswith("fwd/") for n in names)  # a substring; "fwdbwd/" does not contain "fwd/"
     assert [c.name for c in work.select(cases, ("decode/delta/*/B4",))] == ["decode/delta/linattn/B4",
@@ -150,7 +154,7 @@ def test_targets_judge_ratios_and_mismatches():
 
 @pytest.fixture(scope="module")
 def doc():
-    return perf.run(work.QUICK, only=ONLY, peers=(FAKE, MISSING), progress=False)
+    return perf.run(TINY, only=ONLY, peers=(FAKE, MISSING), progress=False)
 
 
 def test_run_document_is_valid_and_complete(doc):
@@ -221,7 +225,7 @@ def test_thread_scaling_pairs_each_case_across_the_passes(doc):
 def test_thread_scaling_needs_two_thread_counts():
     runs = [{"threads": 1, "cases": [{"name": "a", "status": "ok", "median_ms": 1.0}]}]
     assert report.thread_scaling(runs) == [] and report.thread_scaling(runs + runs) == []
-    assert all(t["status"] == "not measured" for t in report.scaling_targets([], work.QUICK))
+    assert all(t["status"] == "not measured" for t in report.scaling_targets([], TINY))
 
 
 def _decode_scaling(B: int, speedups: dict[str, float], H: int = 8, D: int = 64) -> list[dict]:
@@ -236,7 +240,7 @@ def _decode_scaling(B: int, speedups: dict[str, float], H: int = 8, D: int = 64)
 ])
 def test_decode_scaling_judges_only_steps_that_split(split_min_work, status):
     ratios = {"accumulate": 0.7, "gated_head": 1.2, "gated_channel": 1.1, "delta": 0.5, "gated_delta": 1.3}
-    cfg = work.QUICK
+    cfg = TINY
     rows = [r for Bd in cfg.decode_batches for r in _decode_scaling(Bd, ratios)]
     t = {x["id"]: x for x in report.scaling_targets(rows, cfg, split_min_work)}["scaling_decode_b1"]
     assert t["status"] == status
@@ -250,7 +254,7 @@ def test_decode_scaling_judges_only_steps_that_split(split_min_work, status):
 
 
 def test_decode_scaling_is_met_when_the_split_steps_are_not_slower():
-    cfg = work.QUICK
+    cfg = TINY
     ratios = {"accumulate": 1.4, "gated_head": 1.2, "gated_channel": 1.1, "delta": 0.5, "gated_delta": 0.9}
     rows = [r for Bd in cfg.decode_batches for r in _decode_scaling(Bd, ratios)]
     t = {x["id"]: x for x in report.scaling_targets(rows, cfg, 8 * 64 * 65)}
@@ -266,7 +270,7 @@ def test_run_judges_decode_against_the_kernels_own_split_threshold():
 
 def test_markdown_rendering(doc):
     md = report.render_markdown(doc)
-    assert md.startswith("# linattn CPU kernel benchmark (quick smoke configuration)")
+    assert md.startswith("# linattn CPU kernel benchmark\n")
     assert "## 1 thread" in md and "## 2 threads" in md and "## Thread scaling: 1 -> 2 threads" in md
     assert "### Targets at 1 thread" in md and "### Chunk forward, 2 threads" in md and "### Decode step" in md
     assert "% matmul | % copy |" in md and "| % copy | % matmul |" in md  # both fractions, every kernel
@@ -290,7 +294,8 @@ def test_cli_writes_files_and_refuses_to_overwrite(tmp_path):
     validate(saved, load_schema("perf"))
     assert [c["name"] for c in saved["runs"][0]["cases"]] == ["decode/gated_head/linattn/B1"]
     assert saved["scaling"] == []  # one thread count: no ratio
-    assert md.read_text() in first.output  # the same Markdown is printed
+    assert md.read_text().startswith("# linattn CPU kernel benchmark (quick smoke configuration)")
+    assert first.output.startswith("linattn perf --quick:")  # --quick prints its short summary
     again = CliRunner().invoke(perf_cli.command, args)
     assert again.exit_code == 2 and "exists; refusing to overwrite" in again.output
     assert json.loads(out.read_text()) == saved
@@ -300,9 +305,9 @@ def test_cli_writes_files_and_refuses_to_overwrite(tmp_path):
 
 def test_cli_only_and_list():
     listed = CliRunner().invoke(perf_cli.command,
-                                ["--quick", "--list", "--only", "decode/*/B4,recurrent/delta/linattn"])
+                                ["--quick", "--list", "--only", "decode/*/B1,recurrent/delta/linattn"])
     assert listed.exit_code == 0
-    expected = [f"decode/{v}/{impl}/B4" for v in pp.VARIANTS for impl in ("linattn", "linattn.cpu")]
+    expected = [f"decode/{v}/{impl}/B1" for v in pp.VARIANTS for impl in ("linattn", "linattn.cpu")]
     expected += ["recurrent/delta/linattn/B1_T128"]
     assert listed.output.split() == expected
     bad = CliRunner().invoke(perf_cli.command, ["--quick", "--only", "no/such/case"])
@@ -310,3 +315,34 @@ def test_cli_only_and_list():
     for threads in ("0", "1,1", "x", ""):
         bad = CliRunner().invoke(perf_cli.command, ["--quick", "--list", "--threads", threads])
         assert bad.exit_code == 2 and "--threads" in bad.output, threads
+
+
+def test_quick_summary_is_short_and_judges_nothing(doc):
+    quick = {**doc, "config": {**doc["config"], "quick": True}}
+    text = report.render_quick(quick)
+    lines = text.splitlines()
+    assert lines[0].startswith("linattn perf --quick:") and "mean nothing" in lines[0]
+    assert sum("not installed" in line for line in lines) == 1  # one line for the missing peers, not one per case
+    assert "peers not installed: test.missing (pip install" in text
+    assert "target" not in text.replace("judge no target", "") and "met" not in text.split()
+    run = doc["runs"][0]
+    ms = {c["name"]: c["median_ms"] for c in run["cases"]}
+    cpu_row = next(line for line in lines if line.startswith("fwd/delta/linattn.cpu/B1_T128"))
+    want = ms["fwd/delta/linattn/B1_T128"] / ms["fwd/delta/linattn.cpu/B1_T128"]
+    assert cpu_row.split()[-1] == f"{want:.2f}x"  # linattn's torch form / this row: bigger is faster
+    assert "above 1, this row is faster" in text
+
+
+def test_quick_runs_one_thread_count_by_the_tools_rule_and_no_targets(monkeypatch, tmp_path):
+    from linattn.tools.harness import cli as hcli
+
+    assert work.QUICK.threads == (1,) and work.QUICK.quick and not work.QUICK.memory
+    monkeypatch.setattr(hcli.os, "cpu_count", lambda: 2)
+    out = tmp_path / "q.json"
+    res = CliRunner().invoke(perf_cli.command, ["--quick", "--only", "decode/accumulate/*/B1", "-o", str(out),
+                                                "--no-progress"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads(out.read_text())
+    assert [r["threads"] for r in saved["runs"]] == [1]  # a small machine: one thread
+    assert saved["runs"][0]["targets"] == [] and saved["scaling_targets"] == []
+    assert res.output.startswith("linattn perf --quick:") and "decode/accumulate/linattn.cpu/B1" in res.output

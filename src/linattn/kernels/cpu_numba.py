@@ -22,6 +22,7 @@ import math
 import os
 import threading
 import types
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -32,7 +33,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from linattn import buffers
+from linattn.kernels import notice
 
+notice.install()  # one line on stderr when a kernel compiles (a cold cache)
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
 
@@ -388,7 +391,7 @@ features_jit = numba.njit(**_INLINE)(features)
 
 
 def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
-             ckpt, ck_start, cols, fcode):
+             ckpt, ck_start, cols, fcode, u0, u1, r0, r1):
     """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
 
     q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq), float32, or int16 holding bfloat16 bits (q, k and v
@@ -408,6 +411,11 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
     vectors loaded once per two rows). The dot products need reordered sums (``reassoc``): rounding differs from
     the torch forms at the 1e-7 level. ``fcode`` (:data:`FEATURE_CODES`): q and k are raw and each row is mapped as it
     is loaded (relu1, elu1 or l2: no mapped copy of q and k in memory); 0: q and k are features already.
+
+    This call runs units ``u0 ... u1 - 1`` (unit = (sequence, head, block) in that order), then scales and
+    normalizes the (token, head) rows ``r0 ... r1 - 1`` of ``o``: :func:`prefill` runs it whole on one thread, or
+    the units on several threads and then the rows (one serial build, compiled once; a ``prange`` build of this
+    body took five times as long to compile as the serial one).
     """
     N, H, Dw, Dk = ST.shape
     Hq = q.shape[1]
@@ -416,7 +424,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
     sc = np.float32(scale)
     ep = np.float32(eps)
     nblk = max(1, Dv // cols)
-    for unit in numba.prange(N * H * nblk):
+    for unit in range(u0, u1):
         nh = unit // nblk
         blk = unit - nh * nblk
         n = nh // H
@@ -435,8 +443,11 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
         pn = np.empty(j1 - j0, dtype=np.float32)
         t0, t1 = cu[n], cu[n + 1]
         for t in range(t0, t1):
-            if every > 0 and (t - t0) % every == 0:
-                ckpt[ck_start[n] + (t - t0) // every, h, j0:j1] = STbh[j0:j1]
+            if every > 0 and (t - t0) % every == 0:  # one by one: a slice copy compiles numba's shape checks
+                c = ck_start[n] + (t - t0) // every
+                for j in range(j0, j1):
+                    for i in range(Dk):
+                        ckpt[c, h, j, i] = STbh[j, i]
             tp = t + PREFETCH_AHEAD
             if tp < t1:
                 _prefetch_span_jit(q_at + (tp * Hq + hq) * Dk * qb, Dk * qb)
@@ -612,8 +623,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                     else:
                         den[t, h] = o0
     if not delta:  # scale, and divide by the normalizer's read: o = s S^T q / (s z . q) with the eps convention
-        T = o.shape[0]
-        for th in numba.prange(T * H):
+        for th in range(r0, r1):
             t = th // H
             h = th - t * H
             if normalize:
@@ -627,7 +637,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
 
 
 _FLAGS_T = dict(_FLAGS, fastmath={"contract", "reassoc", "nsz"})  # nsz: a sum starting at +0.0 vectorizes
-prefill_parallel, prefill_serial = _builds(_prefill, _FLAGS_T)
+prefill_kernel = numba.njit(**_FLAGS_T)(_prefill)
 
 
 def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, dg, dbeta, scale, gated, delta,
@@ -808,6 +818,33 @@ def _threads(work: int, pairs: int, decode: bool = False) -> int:
     return threads if threads > 1 and pairs > 1 and work >= bar else 1
 
 
+_POOL: list[ThreadPoolExecutor] = []  # made on first use, as many workers as numba allows threads
+_POOL_LOCK = threading.Lock()
+
+
+def on_threads(fn, count: int, threads: int) -> None:
+    """``fn(lo, hi)`` over ``threads`` contiguous parts of ``range(count)`` at once, on a pool of Python threads
+    (the kernels release the GIL; this thread takes the first part); the first error of any part is raised once
+    all have ended."""
+    bounds = [count * i // threads for i in range(threads + 1)]
+    parts = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                                            thread_name_prefix="linattn-cpu"))
+    futures = [_POOL[0].submit(fn, lo, hi) for lo, hi in parts[1:]]
+    error = None
+    try:
+        for lo, hi in parts[:1]:
+            fn(lo, hi)
+    except Exception as exc:  # re-raised once the other parts have ended
+        error = exc
+    for f in futures:
+        error = error or f.exception()
+    if error is not None:
+        raise error
+
+
 def launch(parallel, serial, args, threads: int):
     """``parallel(*args)`` on ``threads`` threads (one launch at a time: the workqueue layer allows no other), or
     ``serial(*args)`` when ``threads`` is 1; returns what it returns."""
@@ -882,7 +919,13 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
         raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
     args = (q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
             ck_start, cols, fcode)
-    launch(prefill_parallel, prefill_serial, args, threads)
+    units, rows = N * H * max(1, v.shape[2] // cols), q.shape[0] * H
+    if threads <= 1:
+        prefill_kernel(*args, 0, units, 0, rows)
+    else:  # the units on threads, then (after all of them: a row's normalizer is the last block's) the rows
+        on_threads(lambda lo, hi: prefill_kernel(*args, lo, hi, 0, 0), units, threads)
+        if not delta:
+            on_threads(lambda lo, hi: prefill_kernel(*args, 0, 0, lo, hi), rows, threads)
     return ckpt if every > 0 else None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 
 try:
@@ -34,6 +35,14 @@ class LazyGroup(click.Group):
             return None
         module, attr, _ = COMMANDS[name]
         return getattr(importlib.import_module(module), attr)
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if name and name not in COMMANDS and not name.startswith("-"):
+            close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+            if close:  # a typo: name the command that was probably meant
+                ctx.fail(f"No such command {name!r}. Did you mean {close[0]!r}?")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx, formatter):
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]

@@ -83,7 +83,7 @@ def make_keys(kind: str, n: int, d: int, *, batch: int, gen: torch.Generator, si
     chosen so that the expected cosine between two keys is ``similarity``.
     """
     if kind not in KEY_KINDS:
-        raise ValueError(f"key kind: unknown {kind!r}; expected one of {list(KEY_KINDS)}")
+        raise ValueError(f"key kind: unknown {kind!r}; expected one of {', '.join(map(str, KEY_KINDS))}")
     if kind == "orthogonal":
         if n > d:
             raise ValueError(f"orthogonal keys: n = {n} pairs cannot be orthogonal in d = {d} dimensions")
@@ -198,7 +198,7 @@ def sweep_points(
     """
     if any(x > total_length - distance_pairs or x < 0 for x in distances):
         raise ValueError(f"distances must lie in [0, total_length - distance_pairs] = [0, "
-                         f"{total_length - distance_pairs}], got {list(distances)}")
+                         f"{total_length - distance_pairs}], got {', '.join(map(str, distances))}")
     pts: list[dict[str, Any]] = []
     for kind in ("random", "orthogonal"):
         pts += [{"sweep": "capacity", "key_kind": kind, "n_pairs": n} for n in n_values
@@ -397,7 +397,7 @@ def command(ctx, d, dv, alphas, similarities, trials, seed, quick, threads, outp
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--alphas") from None
     if not all(0 < s < 1 for s in similarities):
-        raise click.BadParameter(f"similarities must lie in (0, 1), got {list(similarities)}",
+        raise click.BadParameter(f"similarities must lie in (0, 1), got {', '.join(map(str, similarities))}",
                                  param_hint="--similarities")
     start = time.perf_counter()
     records = run_recall(d=d, dv=dv, alphas=alphas, similarities=similarities, trials=trials, seed=seed,

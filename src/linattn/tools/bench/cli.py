@@ -34,22 +34,9 @@ from linattn.tools.harness import cli as cli_files
 from linattn.tools.harness import machine, results
 from linattn.tools.harness.machine import BusyMeter
 
-# On machines with at most this many cores the CPU run uses one torch thread unless --threads says otherwise.
-SMALL_MACHINE_CORES = 4
-
-
-def default_threads(device: str, cores: int | None) -> tuple[int | None, str]:
-    """The thread count a run uses when --threads is not given (None: leave torch's), and why.
-
-    A decode step is a few small kernels, and torch's intra-op threads wait for each other at the end of every
-    one: when the OS deschedules one of them the whole step waits a scheduler slice. On a 2-core machine with one
-    busy competitor, 2 threads made steps of 0.05 ms take 12-24 ms and the p90 of a quiet run 8-16 ms, while
-    1 thread stayed at 0.05 ms (p90 under 0.3 ms). The price is SDPA's parallel speedup over the cache (1.6 ms
-    against 1.1 ms at L=8192 on an idle machine), so runs compare at equal thread counts (hardware.threads).
-    Large machines keep torch's choice."""
-    if device == "cpu" and cores is not None and cores <= SMALL_MACHINE_CORES:
-        return 1, f"default: 1 thread on a machine with {cores} <= {SMALL_MACHINE_CORES} cores (stable timings)"
-    return None, "default: torch's own choice"
+# The tools' one rule for the default thread count (re-exported: bench was its first user).
+SMALL_MACHINE_CORES = cli_files.SMALL_MACHINE_CORES
+default_threads = cli_files.default_threads
 
 
 def run(plan: Plan, identity: dict[str, Any], *, progress: bool = True, threads_source: str = "torch's own choice",
@@ -189,8 +176,8 @@ def _plan_from_options(opts: dict[str, Any], device: str) -> Plan:
     "--threads",
     default=None,
     type=click.IntRange(min=1),
-    help=f"torch.set_num_threads for the run (recorded in hardware.threads); default: 1 on a CPU with at most "
-    f"{SMALL_MACHINE_CORES} cores (steady timings on small machines, docs/bench.md), else torch's own choice.",
+    help=f"torch.set_num_threads for the run (recorded in hardware.threads); default: {cli_files.THREADS_RULE} "
+    "(steady timings on small machines, docs/bench.md).",
 )
 @click.option(
     "--run-label",

@@ -91,7 +91,7 @@ class Plan:
             raise ValueError(f"sequence_lengths must not repeat, got {self.sequence_lengths!r}")
         for name in ("dtype", "state_dtype"):
             if getattr(self, name) not in DTYPES:
-                raise ValueError(f"{name} must be one of {list(DTYPES)}, got {getattr(self, name)!r}")
+                raise ValueError(f"{name} must be one of {', '.join(map(str, DTYPES))}, got {getattr(self, name)!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda' once resolved, got {self.device!r}")
         if (
@@ -99,7 +99,8 @@ class Plan:
             or any(r not in CANDIDATE_PATHS for r in self.rules)
             or len(set(self.rules)) != len(self.rules)
         ):
-            raise ValueError(f"rules must be distinct names from {list(CANDIDATE_PATHS)}, got {self.rules!r}")
+            raise ValueError(f"rules must be distinct names from {', '.join(CANDIDATE_PATHS)}, got "
+                             f"{', '.join(map(str, self.rules)) or '(none)'}")
 
     @property
     def reference_check_length(self) -> int:
@@ -156,7 +157,7 @@ def resolve_dtype(requested: str, device: str) -> str:
     if requested == "auto":
         return "bfloat16" if device == "cuda" else "float32"
     if requested not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {list(DTYPES)}, got {requested!r}")
+        raise ValueError(f"dtype must be auto or one of {', '.join(map(str, DTYPES))}, got {requested!r}")
     return requested
 
 

@@ -111,17 +111,38 @@ def no_progress_option() -> Callable:
     return click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 
 
-def threads_option(help: str = "torch.set_num_threads for the run (default: torch's own choice).",
+# On a CPU with at most this many cores every tool runs on one torch thread unless --threads says otherwise.
+SMALL_MACHINE_CORES = 4
+THREADS_RULE = f"1 on a CPU with at most {SMALL_MACHINE_CORES} cores, else torch's own choice"
+
+
+def default_threads(device: str = "cpu", cores: int | None = -1) -> tuple[int | None, str]:
+    """The torch thread count a tool uses when --threads is not given (None: leave torch's), and why.
+
+    Small kernels end in a barrier where torch's intra-op threads wait for each other: when the OS deschedules
+    one of them the whole call waits a scheduler slice. On a 2-core machine with one busy competitor, 2 threads
+    made decode steps of 0.05 ms take 12-24 ms while 1 thread stayed at 0.05 ms (docs/bench.md), so a small
+    machine runs one thread and stays steady; large machines keep torch's choice. ``cores`` -1: this machine's.
+    """
+    cores = os.cpu_count() if cores == -1 else cores
+    if device == "cpu" and cores is not None and cores <= SMALL_MACHINE_CORES:
+        return 1, f"default: 1 thread on a machine with {cores} <= {SMALL_MACHINE_CORES} cores (stable timings)"
+    return None, "default: torch's own choice"
+
+
+def threads_option(help: str = f"torch.set_num_threads for the run; default: {THREADS_RULE}.",
                    default: int | None = None) -> Callable:
-    """``--threads N``; a tool that must time on a fixed count gives it as ``default`` (shown in --help)."""
+    """``--threads N``; None (the default) applies :func:`default_threads` in :func:`apply_threads`."""
     return click.option("--threads", type=click.IntRange(min=1), default=default, help=help)
 
 
-def apply_threads(ctx: click.Context, threads: int | None) -> int:
-    """Set torch's thread count for this command (restored when it ends, for callers in the same process);
-    returns the count in effect."""
+def apply_threads(ctx: click.Context, threads: int | None, device: str = "cpu") -> int:
+    """Set torch's thread count for this command, ``threads`` or else :func:`default_threads` (restored when it
+    ends, for callers in the same process); returns the count in effect."""
     import torch
 
+    if threads is None:
+        threads, _ = default_threads(device)
     if threads is not None:
         before = torch.get_num_threads()
         ctx.call_on_close(lambda: torch.set_num_threads(before))

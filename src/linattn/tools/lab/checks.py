@@ -249,7 +249,7 @@ def _form_vs_recurrent(
             tag = f"{label} chunk_size={c}:" if form == "chunk" else f"{label}:"
             pairs[f"{tag} o"] = (o, o_rec)
             pairs.update(_state_pairs(tag, s, s_rec))
-    note = f"T={T}" + (f", chunk sizes {list(chunk_sizes)}" if form == "chunk" else "")
+    note = f"T={T}" + (f", chunk sizes {', '.join(map(str, chunk_sizes))}" if form == "chunk" else "")
     return compare(name, tol, pairs, note=note)
 
 
@@ -292,7 +292,8 @@ def _delta_chunk(name: str, tol: float, rule: str, seed: int) -> CheckResult:
             o, s = _attend(q, k, v, form="chunk", chunk_size=c, **kw)
             pairs[f"chunk_size={c}: o"] = (o, o_rec)
             pairs[f"chunk_size={c}: S"] = (s.S, s_rec.S)
-    return compare(name, tol, pairs, note=f"T={T}, unit keys, beta in (0.1, 1.5), chunk sizes {list(sizes)}")
+    sizes_text = ", ".join(map(str, sizes))
+    return compare(name, tol, pairs, note=f"T={T}, unit keys, beta in (0.1, 1.5), chunk sizes {sizes_text}")
 
 
 @_check("gated scan coefficients")

@@ -65,8 +65,8 @@ def _check_keys(config: Mapping[str, Any], allowed: set[str], prefix: str = "") 
     unknown = sorted(k for k in config if k not in allowed and not str(k).startswith("_"))
     if unknown:
         raise ValueError(
-            f"config: unknown key(s) {[prefix + str(k) for k in unknown]}; the memory planner reads Qwen3-Next and "
-            "Kimi Linear style keys (pass strict=False / --ignore-unknown-keys to skip keys it does not know)"
+            f"config: unknown key(s) {', '.join(prefix + str(k) for k in unknown)}; the memory planner reads "
+            "Qwen3-Next and Kimi Linear style keys (pass strict=False / --ignore-unknown-keys to skip keys it does not know)"
         )
 
 
@@ -78,7 +78,8 @@ def _qwen_layer_types(config: Mapping[str, Any], n_layers: int) -> tuple[str, ..
         mapping = {"linear_attention": "linear", "full_attention": "full"}
         bad = sorted({str(t) for t in types if t not in mapping})
         if bad:
-            raise ValueError(f"config key 'layer_types': unknown entries {bad}; expected {sorted(mapping)}")
+            raise ValueError(f"config key 'layer_types': unknown entries {', '.join(map(repr, bad))}; expected "
+                             f"{', '.join(sorted(mapping))}")
         return tuple(mapping[t] for t in types)
     if "full_attention_interval" not in config:
         raise ValueError("config: needs 'layer_types' or 'full_attention_interval' to place the full-attention layers")
@@ -184,7 +185,7 @@ def plan_from_config(config: Mapping[str, Any], *, strict: bool = True, name: st
     else:
         raise ValueError(
             "config: no linear-attention layers described; expected Qwen3-Next keys "
-            f"{list(_QWEN_LINEAR_KEYS)} or a Kimi 'linear_attn_config'"
+            f"{', '.join(map(str, _QWEN_LINEAR_KEYS))} or a Kimi 'linear_attn_config'"
         )
     label = name or str(config.get("_name_or_path") or config.get("model_type") or "config")
     return LayerPlan(label, types, linear, attention, model_dtype, source=config.get("_source"))

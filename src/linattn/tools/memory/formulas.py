@@ -52,7 +52,7 @@ def dtype_bytes(dtype: str | int, *, name: str = "dtype") -> int:
     if isinstance(dtype, str):
         key = dtype.strip().lower().removeprefix("torch.")
         if key not in DTYPE_BYTES:
-            raise ValueError(f"{name}: unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)}")
+            raise ValueError(f"{name}: unknown dtype {dtype!r}; expected one of {', '.join(sorted(DTYPE_BYTES))}")
         return DTYPE_BYTES[key]
     return check_int(name, dtype)
 
@@ -216,7 +216,8 @@ class LayerPlan:
             raise ValueError(f"LayerPlan.layer_types: {len(self.layer_types):,} layers, more than {MAX_LAYERS:,}")
         bad = sorted({t for t in self.layer_types if t not in ("linear", "full")})
         if bad:
-            raise ValueError(f"LayerPlan.layer_types: unknown layer type(s) {bad}; expected 'linear' or 'full'")
+            raise ValueError(f"LayerPlan.layer_types: unknown layer type(s) {', '.join(map(repr, bad))}; expected "
+                             "'linear' or 'full'")
         canonical_dtype(self.model_dtype, name="LayerPlan.model_dtype")
 
     @property

@@ -103,7 +103,8 @@ def _mixers(ctx, param, value):
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     bad = [n for n in names if n not in MIXER_SPECS]
     if bad or not names:
-        raise click.BadParameter(f"unknown mixer(s) {bad}; expected some of {list(MIXER_SPECS)}")
+        raise click.BadParameter(f"unknown mixer(s) {', '.join(bad) or '(none given)'}; expected some of "
+                                 f"{', '.join(MIXER_SPECS)}")
     return names
 
 
@@ -138,7 +139,7 @@ FULL = experiment.FULL
               help="Skip the controls (moved evidence, overwritten and near-duplicate keys, precision).")
 @click.option("--no-latency", is_flag=True,
               help="Skip the decode-latency pass (measure it later, in a quiet window, with --latency-from).")
-@hcli.threads_option(help="torch threads for training and the latency pass.", default=1)
+@hcli.threads_option(help=f"torch threads for training and the latency pass; default: {hcli.THREADS_RULE}.")
 @click.option("--seed", type=click.IntRange(min=0), default=0)
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False), default=None,
               help="Save <mixer>.safetensors here (every 100 steps and at the end).")
@@ -182,7 +183,7 @@ def command(ctx: click.Context, mixers, quick, vocab_size, seq_len, train_pairs,
     if summarize:
         _summarize(summarize, output, plot_path, overwrite)
         return
-    hcli.apply_threads(ctx, threads)
+    threads = hcli.apply_threads(ctx, threads)
     if latency_from:
         given = histories if ctx.get_parameter_source("histories") != ParameterSource.DEFAULT else None
         try:

@@ -90,7 +90,7 @@ def with_precision(model: CausalLM, precision: str) -> CausalLM:
     ``"bfloat16_state_float32"``: weights and activations bfloat16, every linear layer's state float32, token by
     token; ``"bfloat16"``: the same with the state in bfloat16 as well."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision: unknown {precision!r}; expected one of {list(PRECISIONS)}")
+        raise ValueError(f"precision: unknown {precision!r}; expected one of {', '.join(map(str, PRECISIONS))}")
     out = copy.deepcopy(model)
     if precision == "float32":
         return out

@@ -91,7 +91,8 @@ class SweepConfig:
     def __post_init__(self) -> None:
         bad = [m for m in self.mixers if m not in MIXER_SPECS]
         if bad or not self.mixers:
-            raise ValueError(f"mixers: unknown {bad}; expected some of {list(MIXER_SPECS)}")
+            raise ValueError(f"mixers: unknown {', '.join(bad) or '(none given)'}; expected some of "
+                             f"{', '.join(MIXER_SPECS)}")
         if any(w % self.num_heads or w < self.num_heads * 2 for w in self.widths) or not self.widths:
             raise ValueError(f"widths: each must be a multiple of num_heads ({self.num_heads}) with head width >= 2, "
                              f"got {self.widths}")

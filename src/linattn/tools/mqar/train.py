@@ -70,7 +70,7 @@ def taylor_qk_dim(head_dim: int) -> int:
 def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
     """The CausalLM for ``mixer`` (a key of :data:`MIXER_SPECS`), initialized from ``cfg.seed``."""
     if mixer not in MIXER_SPECS:
-        raise ValueError(f"mixer: unknown {mixer!r}; expected one of {list(MIXER_SPECS)}")
+        raise ValueError(f"mixer: unknown {mixer!r}; expected one of {', '.join(map(str, MIXER_SPECS))}")
     spec = MIXER_SPECS[mixer]
     torch.manual_seed(cfg.seed)
     kwargs: dict[str, Any] = {}

@@ -16,7 +16,9 @@ def _write_text(path: Path, text: str, overwrite: bool) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), overwrite=overwrite)
 
 
-def _threads(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+def _threads(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
     try:
         counts = tuple(int(x) for x in value.split(",") if x.strip())
     except ValueError:
@@ -34,7 +36,8 @@ def _threads(ctx: click.Context, param: click.Parameter, value: str) -> tuple[in
 @click.option("--only", "only", multiple=True,
               help="Run only cases matching these patterns (fnmatch on names like 'fwd/delta/linattn/B1_T8192'; "
                    "no wildcard = substring). Repeatable or comma-separated.")
-@click.option("--threads", "threads", default=",".join(map(str, work.FULL.threads)), callback=_threads,
+@click.option("--threads", "threads", default=None, callback=_threads,
+              show_default=f"{','.join(map(str, work.FULL.threads))}; with --quick one count, {hcli.THREADS_RULE}",
               help="Thread counts, comma-separated: one pass over every case at each, with the matmul rate and "
                    "copy bandwidth measured again; two counts add the thread-scaling table (CPU only).")
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timed samples per case.",
@@ -63,9 +66,11 @@ def command(output, markdown, quick, only, threads, repeats, max_call_s, budget_
         _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s)
         return
     from linattn.tools.perf import cpu
-    from linattn.tools.perf.report import render_markdown
+    from linattn.tools.perf.report import render_markdown, render_quick
 
     cfg = work.QUICK if quick else work.FULL
+    if threads is None:
+        threads = (hcli.default_threads()[0] or _torch_threads(),) if quick else work.FULL.threads
     changes = {k: v for k, v in (("budget_s", budget_s), ("repeats", repeats), ("max_call_s", max_call_s))
                if v is not None}
     cfg = replace(cfg, memory=not no_memory, threads=threads, **changes)
@@ -77,17 +82,23 @@ def command(output, markdown, quick, only, threads, repeats, max_call_s, budget_
         click.echo("\n".join(c.name for c in cases))
         return
     hcli.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
-    warning = cpu.peer_warning(cases)  # at the start, not after minutes of measuring
+    warning = None if quick else cpu.peer_warning(cases)  # at the start, not after minutes of measuring
     if warning:
         click.echo(warning, err=True)
     doc = cpu.run(cfg, only=patterns, progress=not no_progress)
     text = render_markdown(doc)
-    click.echo(text)
+    click.echo(render_quick(doc) if quick else text)
     if output:
         hcli.write("--output", lambda p, overwrite: write_result(doc, p, "perf", overwrite=overwrite), output,
                    overwrite=overwrite)
     if markdown:
         hcli.write("--markdown", lambda p, overwrite: _write_text(p, text, overwrite), markdown, overwrite=overwrite)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _cuda_command(output, markdown, quick, patterns, repeats, max_call_s, list_only, overwrite, budget_s) -> None:

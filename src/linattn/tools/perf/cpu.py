@@ -250,7 +250,7 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
     runs = []
     for threads in cfg.threads:
         one = _one_pass(cases, cfg, threads, progress)
-        one["targets"] = evaluate_targets(one["cases"], one["machine"], cfg, checks)
+        one["targets"] = [] if cfg.quick else evaluate_targets(one["cases"], one["machine"], cfg, checks)
         runs.append(one)
     scaling = thread_scaling(runs)
     return {
@@ -267,7 +267,7 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
         "crosscheck": checks,
         "runs": runs,
         "scaling": scaling,
-        "scaling_targets": scaling_targets(scaling, cfg, decode_split_min_work()),
+        "scaling_targets": [] if cfg.quick else scaling_targets(scaling, cfg, decode_split_min_work()),
         "elapsed_s": time.perf_counter() - start,
     }
 

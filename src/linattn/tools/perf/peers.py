@@ -59,7 +59,7 @@ class Inputs:
 def make_inputs(variant: str, B: int, T: int, H: int, D: int, *, seed: int = 0, grad: bool = False) -> Inputs:
     """Inputs for ``variant`` at ``[B, T, H, D]``; ``grad=True`` makes every tensor a leaf that requires grad."""
     if variant not in VARIANTS and variant != "softmax":
-        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(VARIANTS)} or 'softmax'")
+        raise ValueError(f"variant: unknown {variant!r}; expected one of {', '.join(map(str, VARIANTS))} or 'softmax'")
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:

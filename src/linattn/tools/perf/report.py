@@ -356,3 +356,46 @@ def render_markdown(doc: dict[str, Any]) -> str:
               "(backend='cpu': forward, forward + its compiled backward, and decode). FLOP and byte counts: "
               "docs/perf.md."]
     return "\n".join(lines) + "\n"
+
+
+PEERS_HINT = 'pip install -c constraints.txt ".[peers]"'
+
+
+def render_quick(doc: dict[str, Any]) -> str:
+    """The ``--quick`` summary: one line per case with its time and its speed-up over linattn's torch form of the
+    same case (bigger is faster), one line for the peers that are not installed, no targets (a smoke run's
+    numbers judge nothing)."""
+    env, cfg = doc["environment"], doc["config"]
+    threads = ", ".join(str(r["threads"]) for r in doc["runs"])
+    lines = [f"linattn perf --quick: every case once at a tiny shape (H={cfg['H']}, D={cfg['D']}), {env['cpu']}, "
+             f"{env['cores']} cores, torch threads {threads}, {doc['elapsed_s']:.0f} s. A smoke run: its numbers "
+             "mean nothing and judge no target; run `linattn perf` for those."]
+    missing: dict[str, None] = {}
+    counts = {"ran": 0, "skipped": 0, "error": 0}
+    mismatched = [c["peer"] for c in doc["crosscheck"] if c["status"] in ("MISMATCH", "error")]
+    width = max([len(r["name"]) for run in doc["runs"] for r in run["cases"]] + [24]) + 2
+    for run in doc["runs"]:
+        base = {(r["group"], r["variant"], r["shape"]["B"], r["shape"]["T"]): r["median_ms"]
+                for r in run["cases"] if r["impl"] == "linattn" and r["status"] == "ok"}
+        title = f"case ({run['threads']} thread{'s' if run['threads'] > 1 else ''})"
+        lines += ["", f"{title:<{width}}{'ms':>10}  speed-up"]
+        for r in run["cases"]:
+            if r["status"] == "not installed":
+                missing[r["impl"]] = None
+                continue
+            if r["status"] != "ok":
+                counts["skipped" if r["status"] == "skipped" else "error"] += 1
+                lines.append(f"{r['name']:<{width}}{r['status']:>10}  {r['reason']}")
+                continue
+            counts["ran"] += 1
+            ref = base.get((r["group"], r["variant"], r["shape"]["B"], r["shape"]["T"]))
+            speed = "" if ref is None or r["variant"] == "softmax" else f"{ref / r['median_ms']:.2f}x"
+            lines.append(f"{r['name']:<{width}}{r['median_ms']:>10.3g}  {speed}")
+    lines += ["", "speed-up = the time of linattn's torch form (impl linattn) for the same case / this row's time: "
+              "above 1, this row is faster.",
+              f"{counts['ran']} cases ran, {counts['skipped']} skipped, {counts['error']} failed."]
+    if missing:
+        lines.append(f"peers not installed: {', '.join(missing)} ({PEERS_HINT}).")
+    if mismatched:
+        lines.append(f"cross-check: {', '.join(mismatched)} did not match linattn (see the JSON's crosscheck).")
+    return "\n".join(lines) + "\n"

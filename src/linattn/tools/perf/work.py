@@ -39,10 +39,12 @@ class PerfConfig:
 
 
 FULL = PerfConfig()
+# A smoke run: every implementation once at one small shape, one thread count, no memory pass (seconds, not
+# minutes; its numbers mean nothing and no target is judged on them).
 QUICK = PerfConfig(
-    H=2, D=16, seq_shapes=((1, 128), (1, 512), (2, 128)), recurrent_shapes=((1, 128),), decode_batches=(1, 4),
-    target=(1, 128), long=(1, 512), repeats=2, min_sample_s=0.002, case_budget_s=0.5, max_call_s=2.0, budget_s=60.0,
-    matmul_n=256, copy_numel=1 << 20, quick=True,
+    H=2, D=16, seq_shapes=((1, 128),), recurrent_shapes=((1, 128),), decode_batches=(1,), target=(1, 128),
+    long=(1, 128), threads=(1,), repeats=2, min_sample_s=0.001, case_budget_s=0.2, max_call_s=2.0, budget_s=30.0,
+    matmul_n=256, copy_numel=1 << 20, memory=False, quick=True,
 )
 
 
@@ -51,7 +53,7 @@ QUICK = PerfConfig(
 
 def _check(variant: str, softmax: bool = False) -> None:
     if variant not in pp.VARIANTS and not (softmax and variant == "softmax"):
-        raise ValueError(f"variant: unknown {variant!r}; expected one of {list(pp.VARIANTS)}")
+        raise ValueError(f"variant: unknown {variant!r}; expected one of {', '.join(map(str, pp.VARIANTS))}")
 
 
 def rule_flops(variant: str, B: int, T: int, H: int, Dk: int, Dv: int, *, backward: bool = False) -> int:
@@ -127,5 +129,6 @@ def select(cases: list[C], only: tuple[str, ...]) -> list[C]:
     pats = [p if any(c in p for c in "*?[") else f"*{p}*" for p in only]
     chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
     if not chosen:
-        raise ValueError(f"only: no case matches {list(only)}; names look like {cases[0].name!r} (see --list)")
+        raise ValueError(f"only: no case matches {', '.join(only)}; names look like {cases[0].name!r} "
+                         "(see --list)")
     return chosen

@@ -396,9 +396,10 @@ def command(ranks, lengths, rules, heads, dim, repeats, quick, output, plot, ove
     rule_names = tuple(r for r in rules.split(",") if r)
     bad = [r for r in rule_names if r not in linattn.RULES]
     if bad or not rule_names:
-        raise click.BadParameter(f"unknown rules {bad}; expected some of {list(linattn.RULES)}", param_hint="--rules")
+        raise click.BadParameter(f"unknown rules {', '.join(bad) or '(none given)'}; expected some of "
+                                 f"{', '.join(linattn.RULES)}", param_hint="--rules")
     if not lengths or any(T < ranks for T in lengths):
-        raise click.BadParameter(f"every length must be >= ranks ({ranks}), got {list(lengths)}",
+        raise click.BadParameter(f"every length must be >= ranks ({ranks}), got {', '.join(map(str, lengths))}",
                                  param_hint="--lengths")
     cfg = QUICK if quick else SpConfig(lengths=lengths, rules=rule_names, H=heads, D=dim, repeats=repeats)
     cfg = SpConfig(**(asdict(cfg) | {"ranks": ranks, "lengths": tuple(cfg.lengths), "rules": tuple(cfg.rules)}))

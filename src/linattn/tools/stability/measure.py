@@ -198,7 +198,7 @@ def check_positive(name: str, values: Sequence, kind: type) -> None:
 def _check_dtypes(dtypes: Sequence[str]) -> None:
     for name in dtypes:
         if name not in DTYPES:
-            raise ValueError(f"dtype: unknown dtype {name!r}; expected one of {list(DTYPES)}")
+            raise ValueError(f"dtype: unknown dtype {name!r}; expected one of {', '.join(map(str, DTYPES))}")
 
 
 def case_grid(scales: Sequence[float], chunks: Sequence[int], full_grid: bool = False) -> list[tuple[float, int]]:
@@ -237,9 +237,10 @@ def stability_sweep(
     """
     for rule in rules:
         if rule not in RULES:
-            raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(RULES)}")
+            raise ValueError(f"rule: unknown rule {rule!r}; expected one of {', '.join(map(str, RULES))}")
         if form not in linattn.supported_forms(rule):
-            raise ValueError(f"form: rule {rule!r} has no form {form!r}; it has {list(linattn.supported_forms(rule))}")
+            raise ValueError(f"form: rule {rule!r} has no form {form!r}; it has "
+                             f"{', '.join(linattn.supported_forms(rule))}")
     _check_dtypes(dtypes)
     if state_dtype is not None:
         _check_dtypes([state_dtype])

@@ -1,0 +1,49 @@
+"""The one stderr line a first run prints while numba compiles the CPU kernels: once per process on a cold cache,
+never when the cache is warm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+ROOT = Path(__file__).resolve().parents[1]
+# Two kernels compiled in one process (the small convolution kernels: seconds, not the token loops' minutes).
+SCRIPT = """
+import numpy as np
+from linattn.kernels import cpu_conv
+xs, wT, offs = np.ones((1, 5, 3), np.float32), np.ones((2, 3), np.float32), np.zeros(4, np.int64)
+pre, sig, gy = (np.full((1, 4, 3), 0.5, np.float32) for _ in range(3))
+cpu_conv.forward(xs, wT, offs, False, pre)
+cpu_conv.backward(xs, wT, offs, False, pre, sig, gy, np.empty_like(xs), np.empty_like(wT))
+print("ok")
+"""
+
+
+def run(cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NUMBA_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_cold_cache_says_once_that_kernels_compile_and_a_warm_one_says_nothing(tmp_path):
+    cold = run(tmp_path)
+    assert cold.returncode == 0 and cold.stdout.strip() == "ok", cold.stderr[-2000:]
+    lines = [line for line in cold.stderr.splitlines() if line.startswith("linattn: compiling")]
+    assert len(lines) == 1, cold.stderr  # two kernels compiled, one line
+    assert "cpu_conv.forward" in lines[0] and " s on 2 cores" in lines[0] and "once" in lines[0]
+    warm = run(tmp_path)
+    assert warm.returncode == 0 and warm.stdout.strip() == "ok", warm.stderr[-2000:]
+    assert "linattn: compiling" not in warm.stderr
+
+
+def test_other_numba_compiles_say_nothing(tmp_path):
+    code = "import numba\nfrom linattn.kernels import notice\nnotice.install()\n" \
+           "print(numba.njit(lambda x: x + 1)(1))\n"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NUMBA_CACHE_DIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip() == "2" and "linattn: compiling" not in res.stderr
