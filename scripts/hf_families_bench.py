@@ -4,14 +4,14 @@ Per family, at a real layer geometry, B = 1, float32, in one process:
 
 * Gated DeltaNet at Qwen3.5's (16 q/k heads, 32 value heads, head dims 128);
 * Kimi Delta Attention at Kimi Linear's (32 heads, head dims 128, a gate per key channel; prefill at ``--kda-T``);
-* Mamba-2 at Mamba-2-2.7B's (80 heads of dim 64, state size 128, one group; Granite 4's layers have this shape);
+* Mamba-2 at Mamba-2-2.7B's (80 heads of dim 64, state size 128, one group; Granite 4's have 128 heads of 64);
 * the short convolution at Mamba-2-2.7B's (5376 channels, kernel 4),
 
 the replaced function at prefill (``--T`` tokens) and one decode step, at each of ``--threads`` (medians of
-``--repeats`` runs, HF's and linattn's interleaved so that a shared machine's changing load falls on both alike;
-the load average is recorded with every row), then small whole models (a few layers at the same geometries, small
-vocabulary and experts): prefill tokens/s and greedy ``generate`` tokens/s, HF's torch code against
-``linattn.integrations.transformers.patch()``.
+``--repeats`` runs, 20 times as many for a decode step, HF's and linattn's interleaved so that a shared machine's
+changing load falls on both alike; the load average is recorded with every row), then small whole models (a few
+layers at the same geometries, small vocabulary and experts): prefill tokens/s and greedy ``generate`` tokens/s,
+HF's torch code against ``linattn.integrations.transformers.patch()``.
 
     PYTHONPATH=src python scripts/hf_families_bench.py --out benchmarks/results/hf_families_cpu.json
 
@@ -193,7 +193,9 @@ def main() -> None:
             torch.set_num_threads(threads)
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
             for family, what, hf_call, ours_call, check in cases:
-                hf_ms, ours_ms = paired_medians_ms([hf_call, ours_call], args.repeats)
+                # a decode step takes well under a millisecond: many more runs for a stable median
+                n = args.repeats * 20 if what == "decode step" else args.repeats
+                hf_ms, ours_ms = paired_medians_ms([hf_call, ours_call], n)
                 record({"level": "function", "family": family, "what": what, "threads": threads, "unit": "ms",
                         "hf": hf_ms, "linattn": ours_ms, "speedup": hf_ms / ours_ms,
                         "max_rel_diff": rel(*check())})

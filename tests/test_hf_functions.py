@@ -240,10 +240,11 @@ def test_delta_rule_prefill(family, T, with_state):
 
 
 @pytest.mark.parametrize("family", ["kda", "gated_delta"])
-def test_delta_rule_decode_steps_in_place(family):
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_delta_rule_decode_steps_in_place(family, dtype):
     gen = torch.Generator().manual_seed(8)
     q, k, v, g, beta, S0 = delta_inputs(4, gen, per_channel=family == "kda", HV=2 if family == "kda" else 4,
-                                        dtype=torch.float32)
+                                        dtype=dtype)
     ours, module, name = ((lt.recurrent_kimi_delta_attention, KIMI, "recurrent_kimi_delta_attention")
                           if family == "kda" else
                           (lt.recurrent_gated_delta_rule, QWEN, "torch_recurrent_gated_delta_rule"))
@@ -259,7 +260,12 @@ def test_delta_rule_decode_steps_in_place(family):
             assert rel(o, o_hf) <= 1e-5
     assert rel(S, S_hf) <= 1e-5
     o_ref, S_ref = delta_ref(*(x.double() for x in (q, k, v, g, beta, S0)))
-    assert rel(S, S_ref) <= 1e-5
+    assert rel(S, S_ref) <= (1e-10 if dtype == F64 else 1e-5)
+    with pytest.raises(ValueError, match="g"):  # a bad gate: the general path names it, nothing written
+        before = S.clone()
+        ours(*[x[:, :1] for x in (q, k, v, g.abs() + 1, beta)], initial_state=S, output_final_state=True,
+             use_qk_l2norm_in_kernel=True)
+    assert torch.equal(S, before)
 
 
 def test_kda_packed_equals_each_sequence_alone():

@@ -116,3 +116,17 @@ def test_a_missing_modeling_file(monkeypatch):
 def test_backend_is_checked():
     with pytest.raises(ValueError, match="backend"):
         lt.patch(backend="cuda")
+
+
+def test_the_doc_example_runs():
+    """docs/transformers.md's example: a tiny Mamba-2, patched, generates; HF's functions are back after it."""
+    import re
+    from pathlib import Path
+
+    before = snapshot()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "transformers.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace: dict = {}
+    exec(compile(block, "docs/transformers.md", "exec"), namespace)
+    assert namespace["tokens"].shape == (1, 16)
+    assert snapshot() == before
