@@ -597,6 +597,15 @@ def test_a_cell_changes_only_when_its_contribution_lands(page, page_url):
     assert samples[-1] == ["4", 0], samples
     _settle(page)
     assert page.evaluate(CELL_TEXT) == "4" and "S = [2, 4], z = [1, 1]" in page.inner_text("#stage .visual")
+    # The outer product is swept out cell by cell, then slides into S: S keeps its zeros until it lands.
+    _go_scene(page, "matrix", 0)
+    cells = "sel => [...document.querySelectorAll(sel + ' .cell:not(.head)')].map(c => c.textContent).join(' ')"
+    assert page.evaluate(f"({cells})('#matrix-S')") == "0 0 0 0"
+    assert page.evaluate(f"({cells})('#matrix-outer-1')") == "· · · ·"
+    page.wait_for_function(f"() => ({cells})('#matrix-outer-1') === '2 1 0 0'", timeout=5000)
+    assert page.evaluate(f"({cells})('#matrix-S')") == "0 0 0 0"  # the product is complete but not yet in S
+    page.wait_for_function(f"() => ({cells})('#matrix-S') === '2 1 0 0'", timeout=5000)
+    page.wait_for_function(f"() => ({cells})('#matrix-S') === '2 1 4 3'", timeout=8000)
     # The delta rule: the error travels back, and only its landing moves the cell from 2 to 3.5.
     _go_scene(page, "delta", 1)
     cell = "document.querySelector('#stage .grid-S .cell[data-i=\"0\"]').textContent"

@@ -103,6 +103,8 @@ function travel(container, from, to, color, delay, label, arrive) {
   a.oncancel = () => dot.remove();
   return a;
 }
+// An animation as a promise (resolved at once when nothing moves), so a scene can play its causal order in sequence.
+const done = (a) => new Promise((res) => { if (!a) res(); else { a.onfinish = res; a.oncancel = res; } });
 // Land a new value in a cell: the number changes now, and the cell flashes (no flash under reduced motion).
 function land(cell, text, color) {
   cell.textContent = text;

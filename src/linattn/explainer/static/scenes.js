@@ -128,14 +128,41 @@ scene({ id: "matrix", title: T("With 2-d values the state really is a matrix", "
   build(root) {
     const d = DATA.matrix, view = h("div", {});
     root.append(view);
+    let gen = 0;
     return (sub) => {
+      const my = ++gen;
+      root.querySelectorAll(".traveller").forEach((el) => el.getAnimations().forEach((x) => x.cancel()));
       put(view, );
       if (sub === 0) {
-        const parts = d.outers.map((o, t) => box("k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ", grid(o, { sym: "S" })));
-        parts.forEach((p, i) => enter(p, 250 * i));
-        const sum = box("S", grid(d.S, { sym: "S", rowHeads: ["φ₁", "φ₂"] })), zb = box("z", grid([d.z], { sym: "z" }));
-        enter(sum, 550); enter(zb, 650);
-        view.append(h("div", { class: "row" }, parts[0], h("span", { class: "op" }, "+"), parts[1], h("span", { class: "op" }, "="), sum, zb));
+        // k̃ as a column and vᵀ as a row sweep out the outer product cell by cell (cell (i, j) = kᵢvⱼ appears when kᵢ
+        // and vⱼ light up together); the finished product then slides into S, whose cells change only when it lands.
+        const cellsOf = (g) => [...g.querySelectorAll(".cell:not(.head)")];
+        const tok = d.keys.map((k, t) => {
+          const kg = grid(k.map((x) => [x]), { sym: "k" }), vg = grid([d.values[t]], { sym: "v" }), pg = grid([["·", "·"], ["·", "·"]], { sym: "S" });
+          pg.id = "matrix-outer-" + (t + 1);
+          const b = box("k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ", h("div", { class: "row outer" }, kg, h("span", { class: "op" }, "×"), vg, h("span", { class: "op" }, "="), pg));
+          return { k: cellsOf(kg), v: cellsOf(vg), p: cellsOf(pg), pg, b, kg };
+        });
+        const Sg = grid([[0, 0], [0, 0]], { sym: "S", rowHeads: ["φ₁", "φ₂"] }), zg = grid([[0, 0]], { sym: "z" });
+        Sg.id = "matrix-S";
+        view.append(h("div", { class: "row" }, tok[0].b, tok[1].b), h("div", { class: "row" }, box("S = k̃₁v₁ᵀ + k̃₂v₂ᵀ", Sg), box("z = k̃₁ + k̃₂", zg)));
+        const S = [[0, 0], [0, 0]], z = [0, 0], Sc = cellsOf(Sg), zc = cellsOf(zg);
+        (async () => {
+          for (let t = 0; t < 2; t++) {
+            const o = d.outers[t], T_ = tok[t];
+            for (let i = 0; i < 2; i++) for (let j = 0; j < 2; j++) {
+              const lit = [{ backgroundColor: "#ffd98a" }, { backgroundColor: "#ffd98a", offset: 0.7 }, {}];
+              anim(T_.k[i], lit, { duration: 300 });
+              await done(anim(T_.v[j], lit, { duration: 300 }));
+              if (my !== gen) return;
+              land(T_.p[2 * i + j], fmt(o[i][j]), C.S);
+            }
+            // The product (and k̃ for z) travels into the state; S and z take their new values on arrival.
+            await Promise.all([done(travel(root, T_.pg, Sg, C.S, 100, "k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ")), done(travel(root, T_.kg, zg, C.z, 250, "k̃" + "₁₂"[t]))]);
+            if (my !== gen) return;
+            for (let i = 0; i < 2; i++) { z[i] += d.keys[t][i]; land(zc[i], fmt(z[i]), C.z); for (let j = 0; j < 2; j++) { S[i][j] += o[i][j]; land(Sc[2 * i + j], fmt(S[i][j]), C.S); } }
+          }
+        })();
       } else {
         view.append(h("div", { class: "row" }, box("S", grid(d.S, { sym: "S" })), box("z", grid([d.z], { sym: "z" })),
           box("q̃ = " + vec(d.query), h("div", {}, fx("q̃ᵀS = " + vec(d.num))), h("div", {}, fx("q̃ᵀz = " + fmt(d.den))),
