@@ -21,7 +21,7 @@ from linattn.explainer import build_page, lab_source
 
 EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes",
                    "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "orders", "devices",
-                   "code", "saves", "long", "quality", "exercises", "lab", "playground", "references"]
+                   "code", "saves", "capacity", "long", "quality", "exercises", "lab", "playground", "references"]
 PHONE, DESKTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 800}
 
 
@@ -808,3 +808,26 @@ def test_three_orders_picture_agrees_with_the_reference(page, page_url):
     blocks = page.evaluate("document.querySelectorAll('#orders-A .cell.block').length")
     assert blocks == 3 + 3 + 1  # the lower triangles of the 2x2, 2x2 and 1x1 diagonal blocks
     assert page.evaluate("document.querySelectorAll('#orders-strip .chip.state').length") == 2
+
+
+def test_capacity_lab_strips_and_curve(browser, page_url):
+    pg = _open(browser, page_url, viewport=PHONE)
+    pg.goto(page_url)
+    _go_scene(pg, "capacity", 0)
+    for n, d in ((1, 16), (64, 4), (16, 32)):
+        _set(pg, "#cap-d", d)
+        _set(pg, "#cap-n", n)
+        for mech in ("accumulate", "gated", "delta", "softmax"):
+            assert pg.evaluate(f"document.querySelectorAll('#cap-strip-{mech} .heatcell').length") == n
+            hits = pg.evaluate(f"document.querySelectorAll('#cap-strip-{mech} .heatcell.hit').length")
+            assert pg.inner_text(f"#cap-share-{mech}") == f"{hits} / {n}"
+            if n == 1 or (mech == "softmax" and n <= d):
+                assert hits == n, (mech, n, d)  # one pair, or a cache of well-separated keys, always comes back
+            if (n, d) == (64, 4) and mech != "softmax":
+                assert hits < 32, (mech, hits)  # 64 pairs in a 4 x 4 state: most are lost
+        assert not pg.evaluate(FIT)["wide"], (n, d)
+    _go_scene(pg, "capacity", 1)
+    r = pg.evaluate(FIT)
+    assert not r["wide"] and not r["small"]
+    assert pg.evaluate("document.querySelectorAll('#cap-curve [data-legend]').length") == 4
+    _close(pg, page_url)

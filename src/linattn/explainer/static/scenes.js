@@ -754,6 +754,73 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
     };
   } });
 
+// ------------------------------------------------------------------------------------------------ capacity lab
+// N random unit keys with random unit values written into a d-dim state; then every key is read back and the stored
+// value nearest the read counts as recalled. Seeded, so the same sliders give the same picture.
+function rng(seed) {
+  let a = seed >>> 0;
+  const u = () => { a = (a + 0x6d2b79f5) >>> 0; let t = a; t = Math.imul(t ^ (t >>> 15), t | 1); t ^= t + Math.imul(t ^ (t >>> 7), t | 61); return ((t ^ (t >>> 14)) >>> 0) / 4294967296; };
+  return () => Math.sqrt(-2 * Math.log(1 - u())) * Math.cos(2 * Math.PI * u());
+}
+function unitVectors(n, d, seed) {
+  const g = rng(seed);
+  return Array.from({ length: n }, () => { const x = Array.from({ length: d }, g), r = Math.hypot(...x); return x.map((e) => e / r); });
+}
+const MECHS = ["accumulate", "gated", "delta", "softmax"];
+// Which pairs come back: recalled[i] for each of the N pairs under one mechanism (α = 0.9 gates, β = 1 delta writes).
+function recallPairs(mech, keys, vals) {
+  const n = keys.length, d = keys[0].length, dot = (a, b) => a.reduce((acc, x, i) => acc + x * b[i], 0);
+  let read;
+  if (mech === "softmax") {  // the whole cache, sharp weights: exp(8 qᵀk)
+    read = (q) => { const w = keys.map((k) => Math.exp(8 * dot(q, k))), sw = w.reduce((a, b) => a + b, 0); return vals[0].map((_, j) => w.reduce((acc, wi, i) => acc + wi * vals[i][j], 0) / sw); };
+  } else {
+    const S = Array.from({ length: d }, () => new Array(d).fill(0));
+    keys.forEach((k, t) => {
+      if (mech === "gated") S.forEach((row) => row.forEach((x, j) => { row[j] = 0.9 * x; }));
+      const u = mech === "delta" ? vals[t].map((v, j) => v - k.reduce((acc, ki, i) => acc + ki * S[i][j], 0)) : vals[t];
+      for (let i = 0; i < d; i++) for (let j = 0; j < d; j++) S[i][j] += k[i] * u[j];
+    });
+    read = (q) => S[0].map((_, j) => q.reduce((acc, qi, i) => acc + qi * S[i][j], 0));
+  }
+  return keys.map((k, i) => { const y = read(k), scores = vals.map((v) => dot(y, v)); return scores.indexOf(Math.max(...scores)) === i; });
+}
+
+scene({ id: "capacity", title: T("Capacity lab: how many pairs fit in a state?", "容量实验：一个状态能装下多少对？"),
+  text: [T("Write N random key–value pairs (unit vectors of d entries) into a d × d state, then read every key back: a pair counts as recalled when the stored value closest to the read is its own. Each strip is one mechanism, one cell per pair (oldest on the left): accumulate, gated (α = 0.9), delta (β = 1), and softmax over the whole cache for contrast.",
+      "把 N 对随机的键值（d 维单位向量）写进 d × d 的状态，再把每个键读回来：如果与读出最接近的已存值正是它自己的值，就算取回成功。每一条是一种机制，每格一对（最旧的在左）：累加、门控（α = 0.9）、delta（β = 1），以及作为对照、读取整个缓存的 softmax。"),
+    T("The curve: the share recalled as N grows, for this d (the mean of three random draws). Every fixed-size state starts losing pairs before N reaches d and keeps losing as N grows; the strips show how: accumulation loses pairs anywhere, through interference; the gate loses the oldest first; the delta rule mostly loses older pairs that later writes overwrote. Softmax over the cache keeps every pair while the keys stay well apart (at d = 4, 64 random keys crowd each other and it slips too), at the price of a cache that grows with N. Change d: the drop moves with it.",
+      "曲线：在这个 d 下，随 N 增大的取回比例（三次随机抽样的平均）。每种固定大小的状态都在 N 达到 d 之前开始丢失，并随 N 增大继续丢失；各条带显示了丢失的方式：累加因干扰而在任意位置丢失；门控先丢最旧的；delta 规则主要丢失被后来的写入覆盖的较旧的对。只要键彼此相隔足够远，读取整个缓存的 softmax 就能保住每一对（d = 4 时 64 个随机键挤在一起，它也会出错），代价是随 N 增长的缓存。改变 d：下降的位置随之移动。")],
+  build(root) {
+    const nIn = h("input", { type: "range", id: "cap-n", min: 1, max: 64, step: 1, value: 24 }), dIn = h("input", { type: "range", id: "cap-d", min: 4, max: 32, step: 4, value: 16 });
+    const nOut = h("output", { id: "cap-n-value" }), dOut = h("output", { id: "cap-d-value" }), view = h("div", {});
+    root.append(h("div", { class: "controls" }, h("label", { class: "control" }, "N = ", nIn, " ", nOut), h("label", { class: "control" }, "d = ", dIn, " ", dOut)), view);
+    const names = { accumulate: T("accumulate", "累加"), gated: T("gated α = 0.9", "门控 α = 0.9"), delta: T("delta β = 1", "delta β = 1"), softmax: T("softmax (cache)", "softmax（缓存）") };
+    const colors = { accumulate: C.S, gated: C.gate, delta: C.k, softmax: C.other };
+    let sub = 0;
+    const draw = () => {
+      const N = Number(nIn.value), d = Number(dIn.value);
+      nOut.textContent = String(N); dOut.textContent = String(d);
+      const keys = unitVectors(N, d, 1000 + d), vals = unitVectors(N, d, 2000 + d);
+      if (sub === 0) {
+        const strips = MECHS.map((m) => {
+          const got = recallPairs(m, keys, vals), share = got.filter(Boolean).length;
+          return h("div", { class: "barrow" }, h("span", { class: "barlabel", style: "color:" + colors[m] }, tr(names[m])),
+            h("span", { class: "heat", id: "cap-strip-" + m }, got.map((ok, i) => h("span", { class: "heatcell " + (ok ? "hit" : "miss"), title: (i + 1) + (ok ? " ✓" : " ✗") }))),
+            h("span", { class: "barval", id: "cap-share-" + m }, share + " / " + N));
+        });
+        put(view, box(tr(T("recalled pairs, oldest → newest", "取回的对，从旧到新")), ...strips));
+      } else {
+        const Ns = [1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64];
+        const share = (m, n) => [0, 1, 2].reduce((acc, r) => acc + recallPairs(m, unitVectors(n, d, 1000 + d + 97 * r), unitVectors(n, d, 2000 + d + 97 * r)).filter(Boolean).length / n, 0) / 3;
+        const series = MECHS.map((m) => ({ points: Ns.map((n) => [n, 100 * share(m, n)]), color: colors[m], label: tr(names[m]), dots: true }));
+        put(view, lineChart(series, { xlabel: tr(T("N pairs stored", "存储的对数 N")), ylabel: tr(T("recalled %", "取回 %")), ymin: 0, ymax: 100, xticks: [1, d, 64], yticks: [0, 50, 100], marks: [{ x: d, label: "N = d" }] }));
+        view.firstChild.id = "cap-curve";
+      }
+    };
+    [nIn, dIn].forEach((inp) => inp.addEventListener("input", quietly(draw)));
+    return (n) => { sub = n; draw(); };
+  } });
+
 scene({ id: "long", title: T("Over long histories the state's range grows", "长历史下，状态的数值范围会增长"),
   text: [T("Nonnegative features make z grow steadily, and S's positive and negative terms may cancel. A low-precision sum then rounds away small new writes. A reproducible check: fix Q, K, V, run the float64 recurrence as the reference and sweep length, input scale and chunk size, recording the largest error and the smallest denominator. Measured here (accumulate): a bfloat16 state written token by token stops growing, the chunk form that carries float32 stays close.",
       "非负特征让 z 持续变大；S 的正负项还可能相互抵消。低精度的加法会逐渐丢掉较小的新写入。可复现的检查：固定 Q/K/V，以 float64 递推为参考，扫描长度、输入尺度与块大小，记录最大误差与分母的最小值。这里的实测（累加规则）：逐词元写入的 bfloat16 状态停止增长，用 float32 携带的分块形式保持接近。"),
