@@ -851,7 +851,7 @@ scene({ id: "long", title: T("Over long histories the state's range grows", "长
     };
   } });
 
-scene({ id: "quality", title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
+scene({ id: "quality", wide: true, title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
   text: [T("A hypothetical experiment: decode attention takes about 0.3 ms at 2K, 8K and 32K tokens, but exact long-range retrieval falls from 98% to 89% and 61%. Flat latency says the fixed state works; it says nothing about what the state still holds. The table lists each symptom, the first suspect and a control experiment. These numbers are for diagnosis practice only, and a linear layer usually needs training to adapt: softmax weights dropped into it are not equivalent.",
       "假想实验：解码注意力在 2K、8K、32K 时都约 0.3 ms，但远距离精确检索的准确率从 98% 降到 89%、61%。延迟平稳说明固定状态生效了，却说明不了状态里还保留着什么。表中列出每种现象、优先怀疑的原因和对照实验。这些数字只用于练习诊断；换成线性结构通常需要训练适配，把 softmax 层的权重原样放进去并不等价。"),
     T("Measured, with training: linattn's MQAR sweep (multi-query associative recall in zoology's setup, 2-layer models, at most 1,000 steps on CPU; †: 3,000 steps, for a group that no learning rate took off the plateau in 1,000). Per mixer and setting: the learning rate (of four) with seed 0's best validation accuracy, then the test accuracy of 3 seeds at that rate, mean and lowest–highest. Columns: width d, length T, stored pairs. State: the floats of the fixed-size state; an attention layer adds a KV cache that grows with the sequence. *: no learning rate got past twice chance (chance: a random one of the stored values).",
@@ -878,9 +878,12 @@ scene({ id: "quality", title: T("Speed stays flat, quality may fall as the histo
         const widths = Object.keys(m.mqar[0].state_floats).sort((a, b) => a - b), kv = tr(T("KV cache", "KV 缓存"));
         const state = (r) => (widths.every((d) => r.state_floats[d]) ? widths.map((d) => bytes(r.state_floats[d])).join(" / ") + (r.kv_cache ? " + " + kv : "") : kv);
         const pct = (x) => Math.round(100 * x);
-        view.append(table([tr(T("mixer", "混合器")), tr(T("state floats", "状态浮点数")) + " (" + widths.map((d) => "d " + d).join(" / ") + ")",
-          ...m.mqar_groups.map((g) => `d ${g.d_model} · T ${g.seq_len} · ` + tr(T(`${g.num_pairs} pairs`, `${g.num_pairs} 对`)))],
-          m.mqar.map((r) => [r.mixer, state(r), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : "") + (r.extended && r.extended[i] ? "†" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table" }), src);
+        // Compact so that every column fits beside the narration: the state under the mixer's name, each setting's
+        // header on three short lines (a phone shows each row as a list instead).
+        const setting = (g) => { const pairs = tr(T(`${g.num_pairs} pairs`, `${g.num_pairs} 对`)); return h("span", { "data-label": `d ${g.d_model} · T ${g.seq_len} · ${pairs}` }, `d ${g.d_model}`, h("br"), `T ${g.seq_len}`, h("br"), pairs); };
+        view.append(table([h("span", { "data-label": tr(T("mixer", "混合器")) }, tr(T("mixer", "混合器")), h("br"), h("small", { class: "muted" }, tr(T("state floats", "状态浮点数")) + " (" + widths.map((d) => "d " + d).join(" / ") + ")")),
+          ...m.mqar_groups.map(setting)],
+          m.mqar.map((r) => [h("span", {}, r.mixer, h("br"), h("small", { class: "muted" }, state(r))), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : "") + (r.extended && r.extended[i] ? "†" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table", compact: true }), src);
       }
     };
   } });
