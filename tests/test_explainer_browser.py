@@ -776,6 +776,11 @@ def test_notation_is_typeset(page, page_url):
     _go_scene(page, "chunks", 1)
     assert "_" not in page.inner_text("#stage")
     assert page.evaluate("[...document.querySelectorAll('#stage sub')].map(s => s.textContent)").count("prev") >= 2
+    # On the Chinese page Greek symbols still come from a Latin font first (never a CJK glyph for φ).
+    page.click("#lang-zh")
+    for sel in ("body", "#stage .formula", "#stage svg text"):
+        family = page.evaluate(f"getComputedStyle(document.querySelector({sel!r})).fontFamily")
+        assert family.split(",")[0].strip('"') in ("Segoe UI", "Cambria Math"), (sel, family)
 
 
 def _set(pg, sel: str, value) -> None:
