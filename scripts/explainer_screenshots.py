@@ -7,8 +7,8 @@ downloaded build). Run from the repository root:
     python scripts/explainer_screenshots.py --out DIR          # elsewhere
     python scripts/explainer_screenshots.py --readme           # also rewrite docs/img/explainer-*.png
 
-Files are named ``{lang}-{width}x{height}-step{NN}-{scene}.png``. Motion is switched off (reduced motion), so each
-picture shows a step's final state.
+Files are named ``{lang}-{width}x{height}-step{NN}-{scene}.png`` (1280x800, 390x844 and 640x400). Motion is switched
+off (reduced motion), so each picture shows a step's final state.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ README = [
     ("explainer-chunks-en.png", "en", "desktop", "chunks", 1),
     ("explainer-gates-en.png", "en", "desktop", "scan", 1),
     ("explainer-delta-zh.png", "zh", "desktop", "norm", 0),
+    ("explainer-orders-en.png", "en", "desktop", "orders", 2),
+    ("explainer-capacity-phone.png", "en", "phone", "capacity", 0),
 ]
 
 

@@ -22,7 +22,7 @@ from linattn.tools.explainer import build_page, lab_source
 
 EXPECTED_SCENES = ["intro", "softmax", "rewrite", "dense", "matrix", "tokens", "read", "whyz", "eps", "shapes",
                    "memory", "crossover", "gates", "scan", "delta", "repeat", "norm", "chunks", "orders", "devices",
-                   "code", "saves", "long", "quality", "exercises", "lab", "playground", "references"]
+                   "code", "saves", "capacity", "long", "quality", "exercises", "lab", "playground", "references"]
 PHONE, DESKTOP = {"width": 390, "height": 844}, {"width": 1280, "height": 800}
 
 
@@ -598,6 +598,15 @@ def test_a_cell_changes_only_when_its_contribution_lands(page, page_url):
     assert samples[-1] == ["4", 0], samples
     _settle(page)
     assert page.evaluate(CELL_TEXT) == "4" and "S = [2, 4], z = [1, 1]" in page.inner_text("#stage .visual")
+    # The outer product is swept out cell by cell, then slides into S: S keeps its zeros until it lands.
+    _go_scene(page, "matrix", 0)
+    cells = "sel => [...document.querySelectorAll(sel + ' .cell:not(.head)')].map(c => c.textContent).join(' ')"
+    assert page.evaluate(f"({cells})('#matrix-S')") == "0 0 0 0"
+    assert page.evaluate(f"({cells})('#matrix-outer-1')") == "· · · ·"
+    page.wait_for_function(f"() => ({cells})('#matrix-outer-1') === '2 1 0 0'", timeout=5000)
+    assert page.evaluate(f"({cells})('#matrix-S')") == "0 0 0 0"  # the product is complete but not yet in S
+    page.wait_for_function(f"() => ({cells})('#matrix-S') === '2 1 0 0'", timeout=5000)
+    page.wait_for_function(f"() => ({cells})('#matrix-S') === '2 1 4 3'", timeout=8000)
     # The delta rule: the error travels back, and only its landing moves the cell from 2 to 3.5.
     _go_scene(page, "delta", 1)
     cell = "document.querySelector('#stage .grid-S .cell[data-i=\"0\"]').textContent"
@@ -679,10 +688,13 @@ FIT = """() => {
       / t.ownerSVGElement.viewBox.baseVal.width;
     if (px < 13.5) small.push(t.textContent + ' ' + px.toFixed(1));
   }
+  // A table that has to scroll sideways hides columns: allowed on a phone only (where tables are lists anyway).
+  const hidden = [...document.querySelectorAll('#stage .scroll')].filter(el => el.scrollWidth > el.clientWidth + 1)
+    .map(el => (el.firstChild && el.firstChild.id) || 'scroll');
   const v = document.querySelector('#stage .visual').getBoundingClientRect();
   const n = document.getElementById('narration').getBoundingClientRect();
-  return { wide: wide.slice(0, 3), small: small.slice(0, 3), visualTop: v.top, visualLeft: v.left, narrTop: n.top,
-           narrLeft: n.left, H };
+  return { wide: wide.slice(0, 3), small: small.slice(0, 3), hidden, visualTop: v.top, visualLeft: v.left,
+           narrTop: n.top, narrLeft: n.left, H };
 }"""
 SIZES = [{"width": 390, "height": 844}, {"width": 640, "height": 400}, DESKTOP, {"width": 1920, "height": 1080}]
 
@@ -701,6 +713,8 @@ def test_every_size_fits_and_shows_the_picture(browser, page_url, size):
             pg.evaluate(f"window.linattnExplainer.go({start + sub})")
             r = pg.evaluate(FIT)
             assert not r["wide"] and not r["small"], (size, scene, sub, r)
+            if size["width"] >= 1280:
+                assert not r["hidden"], (size, scene, sub, r["hidden"])
             assert r["visualTop"] < r["H"] * 0.6, (size, scene, r)  # the picture starts in the upper part
             if size["width"] < 600:
                 assert r["visualTop"] < r["narrTop"], (size, scene)  # phone: picture first, narration below
@@ -763,6 +777,11 @@ def test_notation_is_typeset(page, page_url):
     _go_scene(page, "chunks", 1)
     assert "_" not in page.inner_text("#stage")
     assert page.evaluate("[...document.querySelectorAll('#stage sub')].map(s => s.textContent)").count("prev") >= 2
+    # On the Chinese page Greek symbols still come from a Latin font first (never a CJK glyph for φ).
+    page.click("#lang-zh")
+    for sel in ("body", "#stage .formula", "#stage svg text"):
+        family = page.evaluate(f"getComputedStyle(document.querySelector({sel!r})).fontFamily")
+        assert family.split(",")[0].strip('"') in ("Segoe UI", "Cambria Math"), (sel, family)
 
 
 def _set(pg, sel: str, value) -> None:
@@ -800,3 +819,26 @@ def test_three_orders_picture_agrees_with_the_reference(page, page_url):
     blocks = page.evaluate("document.querySelectorAll('#orders-A .cell.block').length")
     assert blocks == 3 + 3 + 1  # the lower triangles of the 2x2, 2x2 and 1x1 diagonal blocks
     assert page.evaluate("document.querySelectorAll('#orders-strip .chip.state').length") == 2
+
+
+def test_capacity_lab_strips_and_curve(browser, page_url):
+    pg = _open(browser, page_url, viewport=PHONE)
+    pg.goto(page_url)
+    _go_scene(pg, "capacity", 0)
+    for n, d in ((1, 16), (64, 4), (16, 32)):
+        _set(pg, "#cap-d", d)
+        _set(pg, "#cap-n", n)
+        for mech in ("accumulate", "gated", "delta", "softmax"):
+            assert pg.evaluate(f"document.querySelectorAll('#cap-strip-{mech} .heatcell').length") == n
+            hits = pg.evaluate(f"document.querySelectorAll('#cap-strip-{mech} .heatcell.hit').length")
+            assert pg.inner_text(f"#cap-share-{mech}") == f"{hits} / {n}"
+            if n == 1 or (mech == "softmax" and n <= d):
+                assert hits == n, (mech, n, d)  # one pair, or a cache of well-separated keys, always comes back
+            if (n, d) == (64, 4) and mech != "softmax":
+                assert hits < 32, (mech, hits)  # 64 pairs in a 4 x 4 state: most are lost
+        assert not pg.evaluate(FIT)["wide"], (n, d)
+    _go_scene(pg, "capacity", 1)
+    r = pg.evaluate(FIT)
+    assert not r["wide"] and not r["small"]
+    assert pg.evaluate("document.querySelectorAll('#cap-curve [data-legend]').length") == 4
+    _close(pg, page_url)

@@ -103,6 +103,8 @@ function travel(container, from, to, color, delay, label, arrive) {
   a.oncancel = () => dot.remove();
   return a;
 }
+// An animation as a promise (resolved at once when nothing moves), so a scene can play its causal order in sequence.
+const done = (a) => new Promise((res) => { if (!a) res(); else { a.onfinish = res; a.oncancel = res; } });
 // Land a new value in a cell: the number changes now, and the cell flashes (no flash under reduced motion).
 function land(cell, text, color) {
   cell.textContent = text;
@@ -145,8 +147,8 @@ function barRow(label, value, max, color, id) {
 const scroll = (el) => h("div", { class: "scroll" }, el);
 // A table; on a narrow screen (CSS) each row becomes a list of "column: value" lines (data-label).
 function table(head, rows, opts) {
-  const label = (x) => (x instanceof Node ? x.textContent : String(x));
-  return scroll(h("table", { class: "data kv" + (opts && opts.text ? " text" : ""), id: (opts && opts.id) || null }, h("thead", {}, h("tr", {}, head.map((x) => h("th", {}, x)))),
+  const label = (x) => (x instanceof Node ? (x.dataset && x.dataset.label) || x.textContent : String(x));
+  return scroll(h("table", { class: "data kv" + (opts && opts.text ? " text" : "") + (opts && opts.compact ? " compact" : ""), id: (opts && opts.id) || null }, h("thead", {}, h("tr", {}, head.map((x) => h("th", {}, x)))),
     h("tbody", {}, rows.map((r) => h("tr", { class: r.on ? "on" : null }, (r.cells || r).map((c, i) => h("td", { "data-label": label(head[i] || "") }, c instanceof Node ? c : typeof c === "number" ? fmt(c) : c)))))));
 }
 // A line chart that scales with its box (viewBox); each series' legend entry is drawn in the series' colour.

@@ -16,7 +16,7 @@ function render(step, rebuild) {
   const { si, sub } = STEPS[step - 1], sc = SCENES[si];
   if (rebuild || si !== current.si || LANG !== current.lang) {
     const visual = h("div", { class: "visual" });
-    stage.replaceChildren(h("h2", { id: "scene-heading" }, tr(sc.title)), h("div", { class: "slide" }, h("div", { class: "narration", id: "narration" }), visual));
+    stage.replaceChildren(h("h2", { id: "scene-heading" }, tr(sc.title)), h("div", { class: "slide" + (sc.wide ? " wide" : "") }, h("div", { class: "narration", id: "narration" }), visual));
     stage.dataset.scene = sc.id;
     current.update = sc.build(visual);
     current.width = visual.clientWidth;

@@ -128,14 +128,41 @@ scene({ id: "matrix", title: T("With 2-d values the state really is a matrix", "
   build(root) {
     const d = DATA.matrix, view = h("div", {});
     root.append(view);
+    let gen = 0;
     return (sub) => {
+      const my = ++gen;
+      root.querySelectorAll(".traveller").forEach((el) => el.getAnimations().forEach((x) => x.cancel()));
       put(view, );
       if (sub === 0) {
-        const parts = d.outers.map((o, t) => box("k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ", grid(o, { sym: "S" })));
-        parts.forEach((p, i) => enter(p, 250 * i));
-        const sum = box("S", grid(d.S, { sym: "S", rowHeads: ["φ₁", "φ₂"] })), zb = box("z", grid([d.z], { sym: "z" }));
-        enter(sum, 550); enter(zb, 650);
-        view.append(h("div", { class: "row" }, parts[0], h("span", { class: "op" }, "+"), parts[1], h("span", { class: "op" }, "="), sum, zb));
+        // k̃ as a column and vᵀ as a row sweep out the outer product cell by cell (cell (i, j) = kᵢvⱼ appears when kᵢ
+        // and vⱼ light up together); the finished product then slides into S, whose cells change only when it lands.
+        const cellsOf = (g) => [...g.querySelectorAll(".cell:not(.head)")];
+        const tok = d.keys.map((k, t) => {
+          const kg = grid(k.map((x) => [x]), { sym: "k" }), vg = grid([d.values[t]], { sym: "v" }), pg = grid([["·", "·"], ["·", "·"]], { sym: "S" });
+          pg.id = "matrix-outer-" + (t + 1);
+          const b = box("k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ", h("div", { class: "row outer" }, kg, h("span", { class: "op" }, "×"), vg, h("span", { class: "op" }, "="), pg));
+          return { k: cellsOf(kg), v: cellsOf(vg), p: cellsOf(pg), pg, b, kg };
+        });
+        const Sg = grid([[0, 0], [0, 0]], { sym: "S", rowHeads: ["φ₁", "φ₂"] }), zg = grid([[0, 0]], { sym: "z" });
+        Sg.id = "matrix-S";
+        view.append(h("div", { class: "row" }, tok[0].b, tok[1].b), h("div", { class: "row" }, box("S = k̃₁v₁ᵀ + k̃₂v₂ᵀ", Sg), box("z = k̃₁ + k̃₂", zg)));
+        const S = [[0, 0], [0, 0]], z = [0, 0], Sc = cellsOf(Sg), zc = cellsOf(zg);
+        (async () => {
+          for (let t = 0; t < 2; t++) {
+            const o = d.outers[t], T_ = tok[t];
+            for (let i = 0; i < 2; i++) for (let j = 0; j < 2; j++) {
+              const lit = [{ backgroundColor: "#ffd98a" }, { backgroundColor: "#ffd98a", offset: 0.7 }, {}];
+              anim(T_.k[i], lit, { duration: 300 });
+              await done(anim(T_.v[j], lit, { duration: 300 }));
+              if (my !== gen) return;
+              land(T_.p[2 * i + j], fmt(o[i][j]), C.S);
+            }
+            // The product (and k̃ for z) travels into the state; S and z take their new values on arrival.
+            await Promise.all([done(travel(root, T_.pg, Sg, C.S, 100, "k̃" + "₁₂"[t] + "v" + "₁₂"[t] + "ᵀ")), done(travel(root, T_.kg, zg, C.z, 250, "k̃" + "₁₂"[t]))]);
+            if (my !== gen) return;
+            for (let i = 0; i < 2; i++) { z[i] += d.keys[t][i]; land(zc[i], fmt(z[i]), C.z); for (let j = 0; j < 2; j++) { S[i][j] += o[i][j]; land(Sc[2 * i + j], fmt(S[i][j]), C.S); } }
+          }
+        })();
       } else {
         view.append(h("div", { class: "row" }, box("S", grid(d.S, { sym: "S" })), box("z", grid([d.z], { sym: "z" })),
           box("q̃ = " + vec(d.query), h("div", {}, fx("q̃ᵀS = " + vec(d.num))), h("div", {}, fx("q̃ᵀz = " + fmt(d.den))),
@@ -727,6 +754,73 @@ scene({ id: "saves", title: T("What it saves, and where the difficulty moves", "
     };
   } });
 
+// ------------------------------------------------------------------------------------------------ capacity lab
+// N random unit keys with random unit values written into a d-dim state; then every key is read back and the stored
+// value nearest the read counts as recalled. Seeded, so the same sliders give the same picture.
+function rng(seed) {
+  let a = seed >>> 0;
+  const u = () => { a = (a + 0x6d2b79f5) >>> 0; let t = a; t = Math.imul(t ^ (t >>> 15), t | 1); t ^= t + Math.imul(t ^ (t >>> 7), t | 61); return ((t ^ (t >>> 14)) >>> 0) / 4294967296; };
+  return () => Math.sqrt(-2 * Math.log(1 - u())) * Math.cos(2 * Math.PI * u());
+}
+function unitVectors(n, d, seed) {
+  const g = rng(seed);
+  return Array.from({ length: n }, () => { const x = Array.from({ length: d }, g), r = Math.hypot(...x); return x.map((e) => e / r); });
+}
+const MECHS = ["accumulate", "gated", "delta", "softmax"];
+// Which pairs come back: recalled[i] for each of the N pairs under one mechanism (α = 0.9 gates, β = 1 delta writes).
+function recallPairs(mech, keys, vals) {
+  const n = keys.length, d = keys[0].length, dot = (a, b) => a.reduce((acc, x, i) => acc + x * b[i], 0);
+  let read;
+  if (mech === "softmax") {  // the whole cache, sharp weights: exp(8 qᵀk)
+    read = (q) => { const w = keys.map((k) => Math.exp(8 * dot(q, k))), sw = w.reduce((a, b) => a + b, 0); return vals[0].map((_, j) => w.reduce((acc, wi, i) => acc + wi * vals[i][j], 0) / sw); };
+  } else {
+    const S = Array.from({ length: d }, () => new Array(d).fill(0));
+    keys.forEach((k, t) => {
+      if (mech === "gated") S.forEach((row) => row.forEach((x, j) => { row[j] = 0.9 * x; }));
+      const u = mech === "delta" ? vals[t].map((v, j) => v - k.reduce((acc, ki, i) => acc + ki * S[i][j], 0)) : vals[t];
+      for (let i = 0; i < d; i++) for (let j = 0; j < d; j++) S[i][j] += k[i] * u[j];
+    });
+    read = (q) => S[0].map((_, j) => q.reduce((acc, qi, i) => acc + qi * S[i][j], 0));
+  }
+  return keys.map((k, i) => { const y = read(k), scores = vals.map((v) => dot(y, v)); return scores.indexOf(Math.max(...scores)) === i; });
+}
+
+scene({ id: "capacity", title: T("Capacity lab: how many pairs fit in a state?", "容量实验：一个状态能装下多少对？"),
+  text: [T("Write N random key–value pairs (unit vectors of d entries) into a d × d state, then read every key back: a pair counts as recalled when the stored value closest to the read is its own. Each strip is one mechanism, one cell per pair (oldest on the left): accumulate, gated (α = 0.9), delta (β = 1), and softmax over the whole cache for contrast.",
+      "把 N 对随机的键值（d 维单位向量）写进 d × d 的状态，再把每个键读回来：如果与读出最接近的已存值正是它自己的值，就算取回成功。每一条是一种机制，每格一对（最旧的在左）：累加、门控（α = 0.9）、delta（β = 1），以及作为对照、读取整个缓存的 softmax。"),
+    T("The curve: the share recalled as N grows, for this d (the mean of three random draws). Every fixed-size state starts losing pairs before N reaches d and keeps losing as N grows; the strips show how: accumulation loses pairs anywhere, through interference; the gate loses the oldest first; the delta rule mostly loses older pairs that later writes overwrote. Softmax over the cache keeps every pair while the keys stay well apart (at d = 4, 64 random keys crowd each other and it slips too), at the price of a cache that grows with N. Change d: the drop moves with it.",
+      "曲线：在这个 d 下，随 N 增大的取回比例（三次随机抽样的平均）。每种固定大小的状态都在 N 达到 d 之前开始丢失，并随 N 增大继续丢失；各条带显示了丢失的方式：累加因干扰而在任意位置丢失；门控先丢最旧的；delta 规则主要丢失被后来的写入覆盖的较旧的对。只要键彼此相隔足够远，读取整个缓存的 softmax 就能保住每一对（d = 4 时 64 个随机键挤在一起，它也会出错），代价是随 N 增长的缓存。改变 d：下降的位置随之移动。")],
+  build(root) {
+    const nIn = h("input", { type: "range", id: "cap-n", min: 1, max: 64, step: 1, value: 24 }), dIn = h("input", { type: "range", id: "cap-d", min: 4, max: 32, step: 4, value: 16 });
+    const nOut = h("output", { id: "cap-n-value" }), dOut = h("output", { id: "cap-d-value" }), view = h("div", {});
+    root.append(h("div", { class: "controls" }, h("label", { class: "control" }, "N = ", nIn, " ", nOut), h("label", { class: "control" }, "d = ", dIn, " ", dOut)), view);
+    const names = { accumulate: T("accumulate", "累加"), gated: T("gated α = 0.9", "门控 α = 0.9"), delta: T("delta β = 1", "delta β = 1"), softmax: T("softmax (cache)", "softmax（缓存）") };
+    const colors = { accumulate: C.S, gated: C.gate, delta: C.k, softmax: C.other };
+    let sub = 0;
+    const draw = () => {
+      const N = Number(nIn.value), d = Number(dIn.value);
+      nOut.textContent = String(N); dOut.textContent = String(d);
+      const keys = unitVectors(N, d, 1000 + d), vals = unitVectors(N, d, 2000 + d);
+      if (sub === 0) {
+        const strips = MECHS.map((m) => {
+          const got = recallPairs(m, keys, vals), share = got.filter(Boolean).length;
+          return h("div", { class: "barrow" }, h("span", { class: "barlabel", style: "color:" + colors[m] }, tr(names[m])),
+            h("span", { class: "heat", id: "cap-strip-" + m }, got.map((ok, i) => h("span", { class: "heatcell " + (ok ? "hit" : "miss"), title: (i + 1) + (ok ? " ✓" : " ✗") }))),
+            h("span", { class: "barval", id: "cap-share-" + m }, share + " / " + N));
+        });
+        put(view, box(tr(T("recalled pairs, oldest → newest", "取回的对，从旧到新")), ...strips));
+      } else {
+        const Ns = [1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64];
+        const share = (m, n) => [0, 1, 2].reduce((acc, r) => acc + recallPairs(m, unitVectors(n, d, 1000 + d + 97 * r), unitVectors(n, d, 2000 + d + 97 * r)).filter(Boolean).length / n, 0) / 3;
+        const series = MECHS.map((m) => ({ points: Ns.map((n) => [n, 100 * share(m, n)]), color: colors[m], label: tr(names[m]), dots: true }));
+        put(view, lineChart(series, { xlabel: tr(T("N pairs stored", "存储的对数 N")), ylabel: tr(T("recalled %", "取回 %")), ymin: 0, ymax: 100, xticks: [1, d, 64], yticks: [0, 50, 100], marks: [{ x: d, label: "N = d" }] }));
+        view.firstChild.id = "cap-curve";
+      }
+    };
+    [nIn, dIn].forEach((inp) => inp.addEventListener("input", quietly(draw)));
+    return (n) => { sub = n; draw(); };
+  } });
+
 scene({ id: "long", title: T("Over long histories the state's range grows", "长历史下，状态的数值范围会增长"),
   text: [T("Nonnegative features make z grow steadily, and S's positive and negative terms may cancel. A low-precision sum then rounds away small new writes. A reproducible check: fix Q, K, V, run the float64 recurrence as the reference and sweep length, input scale and chunk size, recording the largest error and the smallest denominator. Measured here (accumulate): a bfloat16 state written token by token stops growing, the chunk form that carries float32 stays close.",
       "非负特征让 z 持续变大；S 的正负项还可能相互抵消。低精度的加法会逐渐丢掉较小的新写入。可复现的检查：固定 Q/K/V，以 float64 递推为参考，扫描长度、输入尺度与块大小，记录最大误差与分母的最小值。这里的实测（累加规则）：逐词元写入的 bfloat16 状态停止增长，用 float32 携带的分块形式保持接近。"),
@@ -757,7 +851,7 @@ scene({ id: "long", title: T("Over long histories the state's range grows", "长
     };
   } });
 
-scene({ id: "quality", title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
+scene({ id: "quality", wide: true, title: T("Speed stays flat, quality may fall as the history gets harder", "速度平了，质量却可能随历史变难"),
   text: [T("A hypothetical experiment: decode attention takes about 0.3 ms at 2K, 8K and 32K tokens, but exact long-range retrieval falls from 98% to 89% and 61%. Flat latency says the fixed state works; it says nothing about what the state still holds. The table lists each symptom, the first suspect and a control experiment. These numbers are for diagnosis practice only, and a linear layer usually needs training to adapt: softmax weights dropped into it are not equivalent.",
       "假想实验：解码注意力在 2K、8K、32K 时都约 0.3 ms，但远距离精确检索的准确率从 98% 降到 89%、61%。延迟平稳说明固定状态生效了，却说明不了状态里还保留着什么。表中列出每种现象、优先怀疑的原因和对照实验。这些数字只用于练习诊断；换成线性结构通常需要训练适配，把 softmax 层的权重原样放进去并不等价。"),
     T("Measured, with training: linattn's MQAR sweep (multi-query associative recall in zoology's setup, 2-layer models, at most 1,000 steps on CPU; †: 3,000 steps, for a group that no learning rate took off the plateau in 1,000). Per mixer and setting: the learning rate (of four) with seed 0's best validation accuracy, then the test accuracy of 3 seeds at that rate, mean and lowest–highest. Columns: width d, length T, stored pairs. State: the floats of the fixed-size state; an attention layer adds a KV cache that grows with the sequence. *: no learning rate got past twice chance (chance: a random one of the stored values).",
@@ -784,9 +878,12 @@ scene({ id: "quality", title: T("Speed stays flat, quality may fall as the histo
         const widths = Object.keys(m.mqar[0].state_floats).sort((a, b) => a - b), kv = tr(T("KV cache", "KV 缓存"));
         const state = (r) => (widths.every((d) => r.state_floats[d]) ? widths.map((d) => bytes(r.state_floats[d])).join(" / ") + (r.kv_cache ? " + " + kv : "") : kv);
         const pct = (x) => Math.round(100 * x);
-        view.append(table([tr(T("mixer", "混合器")), tr(T("state floats", "状态浮点数")) + " (" + widths.map((d) => "d " + d).join(" / ") + ")",
-          ...m.mqar_groups.map((g) => `d ${g.d_model} · T ${g.seq_len} · ` + tr(T(`${g.num_pairs} pairs`, `${g.num_pairs} 对`)))],
-          m.mqar.map((r) => [r.mixer, state(r), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : "") + (r.extended && r.extended[i] ? "†" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table" }), src);
+        // Compact so that every column fits beside the narration: the state under the mixer's name, each setting's
+        // header on three short lines (a phone shows each row as a list instead).
+        const setting = (g) => { const pairs = tr(T(`${g.num_pairs} pairs`, `${g.num_pairs} 对`)); return h("span", { "data-label": `d ${g.d_model} · T ${g.seq_len} · ${pairs}` }, `d ${g.d_model}`, h("br"), `T ${g.seq_len}`, h("br"), pairs); };
+        view.append(table([h("span", { "data-label": tr(T("mixer", "混合器")) }, tr(T("mixer", "混合器")), h("br"), h("small", { class: "muted" }, tr(T("state floats", "状态浮点数")) + " (" + widths.map((d) => "d " + d).join(" / ") + ")")),
+          ...m.mqar_groups.map(setting)],
+          m.mqar.map((r) => [h("span", {}, r.mixer, h("br"), h("small", { class: "muted" }, state(r))), ...r.accuracy.map(([mean, lo, hi], i) => h("span", {}, `${pct(mean)}%` + (r.plateau[i] ? "*" : "") + (r.extended && r.extended[i] ? "†" : ""), h("br"), h("small", { class: "muted" }, `${pct(lo)}–${pct(hi)}`)))]), { id: "mqar-table", compact: true }), src);
       }
     };
   } });
