@@ -80,7 +80,8 @@ def one_run(name: str, src: Path, what: str, threads: int) -> dict:
         if what == "readme":
             cmd = [sys.executable, "-c", first_block(src.parent / "README.md")]
         else:
-            cmd = [sys.executable, "-m", "linattn.tools.cli", "bench", "--no-progress", "-o", os.path.join(tmp, "b.json")]
+            cmd = [sys.executable, "-m", "linattn.tools.cli", "bench", "--no-progress", "-o",
+                   os.path.join(tmp, "b.json")]
         before = load()
         first, total, rc, notice = timed(cmd, env, tmp)
     return dict(tree=name, what=what, first=first, total=total, rc=rc, load=before, notice=notice)

@@ -66,7 +66,8 @@ def _check_keys(config: Mapping[str, Any], allowed: set[str], prefix: str = "") 
     if unknown:
         raise ValueError(
             f"config: unknown key(s) {', '.join(prefix + str(k) for k in unknown)}; the memory planner reads "
-            "Qwen3-Next and Kimi Linear style keys (pass strict=False / --ignore-unknown-keys to skip keys it does not know)"
+            "Qwen3-Next and Kimi Linear style keys (pass strict=False / --ignore-unknown-keys to skip keys it does "
+            "not know)"
         )
 
 
