@@ -532,7 +532,7 @@ scene({ id: "delta", title: T("The delta rule: read the old answer, write the er
       const err = h("div", { class: "big sym-err", id: "delta-error" }, sub === 0 ? "e = " + fmt(w.target) + " − …" : "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error));
       const write = h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = …");
       put(view, formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
-        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction Sᵀk = ", "预测 Sᵀk = ")), pred), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))), err),
+        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, fx(tr(T("prediction Sᵀk = ", "预测 Sᵀk = "))), pred), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))), err),
         sub === 1 ? box(tr(T("after the write", "写入之后")), write, h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
       if (sub === 0) {  // read: the cell's 2 travels out as the prediction; then the error is formed
         travel(root, cell, pred, C.S, 300, fmt(w.prediction), () => {
