@@ -532,7 +532,7 @@ scene({ id: "delta", title: T("The delta rule: read the old answer, write the er
       const err = h("div", { class: "big sym-err", id: "delta-error" }, sub === 0 ? "e = " + fmt(w.target) + " − …" : "e = " + fmt(w.target) + " − " + fmt(w.prediction) + " = " + fmt(w.error));
       const write = h("div", { class: "big", id: "delta-write" }, fmt(w.prediction) + " + " + fmt(w.beta) + " × " + fmt(w.error) + " = …");
       put(view, formula("e = v − Sᵀk", "S ← S + β k eᵀ"), h("div", { class: "row" }, box("S", g),
-        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, tr(T("prediction Sᵀk = ", "预测 Sᵀk = ")), pred), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))), err),
+        box(tr(T("read for k = [1, 0]", "读取 k = [1, 0]")), h("div", {}, fx(tr(T("prediction Sᵀk = ", "预测 Sᵀk = "))), pred), h("div", {}, fx(tr(T("target v = ", "目标 v = ")) + fmt(w.target))), err),
         sub === 1 ? box(tr(T("after the write", "写入之后")), write, h("div", {}, tr(T("orthogonal key [0, 1] still reads ", "正交键 [0, 1] 仍读出 ")) + fmt(w.orthogonal_read))) : null));
       if (sub === 0) {  // read: the cell's 2 travels out as the prediction; then the error is formed
         travel(root, cell, pred, C.S, 300, fmt(w.prediction), () => {
@@ -692,13 +692,14 @@ scene({ id: "orders", title: T("Three orders, one picture", "三种计算顺序�
         Array.from({ length: Math.ceil(n / C_) }, (_, c) => Math.min(n, (c + 1) * C_)).map((stop, c, all) => [
           h("span", { class: "chip chunk" + (c % 2) }, tr(T("chunk ", "块 ")) + (c + 1) + ": " + (c * C_ + 1) + "–" + stop),
           c < all.length - 1 ? h("span", { class: "chip state" }, fx("S = " + vec(res.S[stop - 1].map((r) => r[0]), 4))) : null])) : null;
-      put(view, h("div", { class: "row" }, box(h("span", {}, h("span", { class: "sym sym-A" }, "A"), fx(" = (Q̃K̃ᵀ) ⊙ D")), g), box(fx(tr(T("writes lit in row t", "第 t 行亮起的写入"))), wl), Sbox), strip);
+      put(view, h("div", { class: "row" }, box(h("span", {}, h("span", { class: "sym sym-A" }, "A"), fx(" = (Q̃K̃ᵀ) ⊙ D")), g, h("div", { class: "muted" }, fx(tr(T("D: the causal mask times the gate products αᵢ₊₁⋯αₜ", "D：因果掩码乘以门的乘积 αᵢ₊₁⋯αₜ"))))), box(fx(tr(T("writes lit in row t", "第 t 行亮起的写入"))), wl), Sbox), strip);
       if (entering) view.querySelectorAll(".cell.lit").forEach((c, i) => anim(c, [{ transform: "scale(1.25)" }, { transform: "none" }], { duration: 450, delay: 90 * i }));
     };
     [tIn, aIn, cIn].forEach((inp) => inp.addEventListener("input", quietly(() => draw(false))));
     return (nsub) => {
       if (nsub !== sub) put(controls, ctl("t = ", tIn, tOut), nsub >= 1 ? ctl("α = ", aIn, aOut) : null, nsub === 2 ? ctl(ui("chunk") + " C = ", cIn, cOut) : null);
       if (nsub === 0) aIn.value = "1";
+      if (nsub === 1 && sub !== 1) aIn.value = "0.7";  // a gate already on, so the shading shows at once
       sub = nsub; draw(true);
     };
   } });
