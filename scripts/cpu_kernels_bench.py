@@ -12,7 +12,7 @@ ratios.
   time of ``linattn.linear_attention`` ("auto"), GFLOP/s counting 6 Dk Dv flops per token and value head, the
   fraction of the matmul rate, the 1 -> 2 thread speed-up, and "auto" against ``backend="torch"`` (float32);
 - accumulate and gated (elu1 features, T = 8192, H = 8, D = 64): "auto" against "torch" at each thread count,
-  GFLOP/s counting 4 Dk Dv flops per token and head, and what ``cpu_numba.prefers_compiled`` chose;
+  GFLOP/s counting 4 Dk Dv flops per token and head;
 - decode, one in-place ``linattn.step``: H = 8, D = 64 from a prefill's state and from ``State.zeros``, and the
   Qwen3-Next geometry at B = 1, 4, 16, 1 and 2 threads in alternating blocks; the serial one-call kernel against
   its parallel build (heads split over threads) at 2 threads,
@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn.kernels import cpu_decode, cpu_numba
+from linattn.backends import policy
+from linattn.kernels import cpu_numba
 
 THREADS = (1, 2)
 PREFILL = {"h8": dict(T=8192, Hq=8, H=8, D=64), "qwen3_next": dict(T=4096, Hq=16, H=32, D=128)}
@@ -172,7 +173,6 @@ def run_chunk_rules(quick: bool) -> list[dict]:
         for n in THREADS:
             torch.set_num_threads(n)
             mm = matmul_rate()  # right before the calls it is compared with
-            row[f"prefers_compiled_{n}t"] = cpu_numba.prefers_compiled(rule, 1, shape["T"], shape["H"], shape["D"], n)
             for backend in ("auto", "torch", "cpu"):
                 t, _ = best(partial(linattn.linear_attention, q, k, v, backend=backend, **kw), 3)
                 row[f"{backend}_ms_{n}t"] = t * 1e3
@@ -224,13 +224,13 @@ def run_decode(limits_copy: dict) -> list[dict]:
             row[f"us_{n}t"] = t * 1e6
             gbs = 2 * state_bytes / t / 1e9
             row[f"of_copy_{n}t"] = gbs / limits_copy[(state_bytes, n)]
-        old = cpu_numba.DECODE_PARALLEL_MIN_WORK, cpu_decode.PARALLEL_MIN_WORK
-        cpu_numba.DECODE_PARALLEL_MIN_WORK = cpu_decode.PARALLEL_MIN_WORK = 0  # force the heads split over threads
+        old = policy.DECODE_SPLIT_MIN_ENTRIES
+        policy.DECODE_SPLIT_MIN_ENTRIES = 0  # force the heads split over threads
         torch.set_num_threads(2)
         try:
             row["parallel_us_2t"] = best(many, 5)[0] / calls * 1e6
         finally:
-            cpu_numba.DECODE_PARALLEL_MIN_WORK, cpu_decode.PARALLEL_MIN_WORK = old
+            policy.DECODE_SPLIT_MIN_ENTRIES = old
         row["slower_with_2_threads"] = row["us_2t"] > row["us_1t"] * 1.05
         rows.append(row)
         print_row(row)

@@ -1,5 +1,5 @@
 """The decode step's serial one-call kernel against its parallel build (heads split over threads), by state size:
-where splitting pays, for ``linattn.kernels.cpu_decode.PARALLEL_MIN_WORK``.
+where splitting pays, for ``linattn.backends.policy.DECODE_SPLIT_MIN_ENTRIES``.
 
 In-place gated-delta ``linattn.step`` from ``State.zeros``: H = 8, D = 64 and the Qwen3-Next geometry (16 q/k
 heads, 32 value heads, D = 128) at several batch sizes. Three ways in alternating blocks (7 rounds, minimum of each):
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import linattn
-from linattn.kernels import cpu_decode
+from linattn.backends import policy
 
 CASES = {"h8 B1": (1, 8, 8, 64), "h8 B32": (32, 8, 8, 64), "h8 B128": (128, 8, 8, 64), "h8 B256": (256, 8, 8, 64),
          "qwen3_next B1": (1, 16, 32, 128), "qwen3_next B4": (4, 16, 32, 128), "qwen3_next B8": (8, 16, 32, 128),
@@ -35,7 +35,7 @@ def step_fn(B, Hq, H, D):
 
 
 def main() -> None:
-    threads_before, bar = torch.get_num_threads(), cpu_decode.PARALLEL_MIN_WORK
+    threads_before, bar = torch.get_num_threads(), policy.DECODE_SPLIT_MIN_ENTRIES
     print(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}  nproc {os.cpu_count()}  "
           f"load average before {os.getloadavg()[0]:.2f}; microseconds per step, minimum of 7 alternating blocks")
     try:
@@ -46,7 +46,7 @@ def main() -> None:
             for _ in range(7):
                 for way in res:
                     torch.set_num_threads(1 if way == "1 thread" else 2)
-                    cpu_decode.PARALLEL_MIN_WORK = 0 if way.endswith("split") else 1 << 62
+                    policy.DECODE_SPLIT_MIN_ENTRIES = 0 if way.endswith("split") else 1 << 62
                     step()
                     t0 = time.perf_counter()
                     for _ in range(calls):
@@ -58,7 +58,7 @@ def main() -> None:
                   + f"  split/serial {best['2 threads split'] / best['2 threads serial']:.2f}")
     finally:
         torch.set_num_threads(threads_before)
-        cpu_decode.PARALLEL_MIN_WORK = bar
+        policy.DECODE_SPLIT_MIN_ENTRIES = bar
     print(f"# load average after {os.getloadavg()[0]:.2f}")
 
 

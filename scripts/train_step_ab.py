@@ -1,7 +1,7 @@
 """One MQAR training step of the gated (GLA, per-channel gates) model of the sweep (mixer-only blocks, 2 layers, 2
-heads) with "auto" taking the compiled prefill and backward where ``cpu_numba.prefers_compiled_backward`` says so,
-against the torch path (forward and backward in the torch chunk form), in turns in one process (the order
-alternating each round) so that load changes hit both alike. Usage, from the repository root:
+heads) with "auto" taking the compiled prefill and backward where ``linattn.backends.policy.compiled_backward``
+says so, against the torch path (forward and backward in the torch chunk form), in turns in one process (the
+order alternating each round) so that load changes hit both alike. Usage, from the repository root:
 
     python scripts/train_step_ab.py --threads 1 [--output benchmarks/results/NAME_cpu.txt]
 
@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from linattn.kernels import cpu_numba
+from linattn.backends import policy
 from linattn.tools.harness import machine
 from linattn.tools.harness.results import atomic_write, check_writable
 from linattn.tools.mqar.train import TrainConfig, build_model, loss_and_accuracy, train_batch
@@ -54,7 +54,7 @@ def main() -> None:
     if args.output:
         check_writable(args.output, overwrite=args.overwrite)  # before minutes of timing, not after
     torch.set_num_threads(args.threads)
-    real = cpu_numba.prefers_compiled_backward
+    real = policy.compiled_backward
     lines = [f"# train_step_ab.py --threads {args.threads} --rounds {args.rounds}",
              f"# {datetime.now(timezone.utc).isoformat(timespec='seconds')}  {machine.processor_name()}, "
              f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f}",
@@ -70,9 +70,9 @@ def main() -> None:
             step(cfg, model, opt, i)
         for r in range(args.rounds):
             for mode in ("torch", "auto") if r % 2 == 0 else ("auto", "torch"):
-                cpu_numba.prefers_compiled_backward = real if mode == "auto" else (lambda *a: False)
+                policy.compiled_backward = real if mode == "auto" else (lambda *a: False)
                 times[mode].append(step(cfg, model, opt, r))
-        cpu_numba.prefers_compiled_backward = real
+        policy.compiled_backward = real
         t, a = (statistics.median(times[m]) * 1e3 for m in ("torch", "auto"))
         lines.append(f"| {width} | {T} | {cfg.batch_size} | {t:.1f} | {a:.1f} | {a / t:.2f}x |")
         print(lines[-1], flush=True)

@@ -28,7 +28,7 @@ def torch_forms():
     """Make ``backend="auto"`` run the torch forms, for modules that test those forms themselves (the compiled
     kernels have tests/test_kernels_cpu.py)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("linattn.backends.AUTO_FORMS", ())
+        mp.setattr("linattn.backends.policy.AUTO_FORMS", ())
         yield
 
 

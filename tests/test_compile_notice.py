@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # Two kernels compiled in one process (the small convolution kernels: seconds, not the token loops' minutes).
 SCRIPT = """
 import numpy as np
-from linattn.kernels import cpu_conv
-xs, wT, offs = np.ones((1, 5, 3), np.float32), np.ones((2, 3), np.float32), np.zeros(4, np.int64)
+from linattn.backends import cpu
+cpu_conv = cpu.kernel("cpu_conv")  # loaded as linattn loads every kernel: the notice is listening first
+xs, wT, b = np.ones((1, 5, 3), np.float32), np.ones((2, 3), np.float32), np.zeros(3, np.float32)
+offs = np.zeros(4, np.int64)
 pre, sig, gy = (np.full((1, 4, 3), 0.5, np.float32) for _ in range(3))
-cpu_conv.forward(xs, wT, offs, False, pre)
-cpu_conv.backward(xs, wT, offs, False, pre, sig, gy, np.empty_like(xs), np.empty_like(wT))
+cpu_conv.forward(xs, wT, b, offs, False, pre)
+gxs, gwT, gb = np.empty_like(xs), np.empty_like(wT), np.empty(3, np.float32)
+cpu_conv.backward(xs, wT, offs, False, True, pre, sig, gy, gxs, gwT, gb)
 print("ok")
 """
 
@@ -42,7 +45,7 @@ def test_cold_cache_says_once_that_kernels_compile_and_a_warm_one_says_nothing(t
 
 
 def test_other_numba_compiles_say_nothing(tmp_path):
-    code = "import numba\nfrom linattn.kernels import notice\nnotice.install()\n" \
+    code = "import numba\nfrom linattn.backends import compile_notice as notice\nnotice.install()\n" \
            "print(numba.njit(lambda x: x + 1)(1))\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NUMBA_CACHE_DIR": str(tmp_path)}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)

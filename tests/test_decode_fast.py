@@ -18,6 +18,7 @@ from linattn import State
 from linattn.state import is_joint
 
 pytest.importorskip("numba")
+from linattn.backends import policy  # noqa: E402
 from linattn.kernels import cpu_decode  # noqa: E402
 
 TOL = 2e-4  # float32 state, a dozen tokens (docs/testing.md: the token loop reaches ~1e-6)
@@ -387,7 +388,7 @@ def _launches(monkeypatch):
 @pytest.mark.parametrize("rule,gate,fmap", [("gated", "head", "elu1"), ("gated_delta", "channel", "l2")],
                          ids=["plain", "full-path"])
 def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate, fmap):
-    """A batch step with two threads below ``cpu_decode.PARALLEL_MIN_WORK`` state entries runs serially (waking the
+    """A batch step with two threads below ``policy.DECODE_SPLIT_MIN_ENTRIES`` state entries runs serially (waking the
     second thread cost more than it saved there): the plain case on the one-call kernel, another case
     (per-channel gates on a delta rule) on the serial token loop; both right against the reference."""
     launched = _launches(monkeypatch)
@@ -405,19 +406,20 @@ def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate
         assert calls == [] and launched == [1]  # the serial token loop
 
 
-def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
-    """With the thresholds set to 0 (a machine where the parallel step pays) the step splits its heads over two
-    threads (the one-call kernel's parallel build) and stays right."""
+def test_token_loop_decode_stays_serial_and_its_split_build_matches(calls, monkeypatch):
+    """The general token loop's decode step (cases the one-call kernel does not take) runs serially at any thread
+    count and any size, as the policy says (its split was measured slower); its parallel build, called directly
+    on two threads, gives the serial build's step bit for bit."""
     import numba
 
+    from linattn.backends import policy
     from linattn.kernels import cpu_numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
-    monkeypatch.setattr(cpu_numba, "DECODE_PARALLEL_MIN_WORK", 0)
-    monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(policy, "DECODE_SPLIT_MIN_ENTRIES", 0)
     launched = _launches(monkeypatch)
-    q, k, v, kw = inputs("gated_delta", B=3, T=6, H=4, D=9, Dv=5)
+    q, k, v, kw = inputs("gated_delta", gate="channel", B=3, T=6, H=4, D=9, Dv=5)  # per-channel: the token loop
     k = F.normalize(k, dim=-1)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -426,8 +428,20 @@ def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     check_against_reference(q, k, v, kw, o, state, rule="gated_delta")
-    assert calls == [] and launched == [2, 2, 2]  # the steps (the prefill splits its units in on_threads)
-    assert cpu_numba.decode_parallel_threshold(1) > 1 << 60  # one thread: always serial
+    assert calls == [] and launched == [1, 1, 1]  # the steps (the prefill splits its units in on_threads)
+    gen = torch.Generator().manual_seed(1)
+    B, H, D, Dv = 3, 4, 9, 5
+    qs, ks = torch.randn(B, 1, H, D, generator=gen), F.normalize(torch.randn(B, 1, H, D, generator=gen), dim=-1)
+    vs, gs = torch.randn(B, 1, H, Dv, generator=gen), -torch.rand(B, 1, H, 1, generator=gen)
+    betas, S0 = torch.rand(B, 1, H, generator=gen), torch.randn(B, H, D, Dv, generator=gen)
+    results = []
+    for n in (1, 2):
+        S, o = S0.clone(), torch.empty(B, 1, H, Dv)
+        cpu_numba.run(qs.numpy(), ks.numpy(), vs.numpy(), gs.numpy(), betas.numpy(), S.numpy(), o.numpy(),
+                      scale=1.0, eps=0.0, clamp=False, normalize=False, threads=n)
+        results.append((o, S))
+    assert launched[-2:] == [1, 2]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
 @pytest.mark.parametrize("D", [64, 128])  # the widths the kernel compiles with constant row lengths
@@ -499,7 +513,7 @@ def test_state_zeros_of_the_wrong_shape_still_names_the_state(calls):
 @pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
 def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, inplace):
     """The parallel build of the one-call kernel (heads split over two threads, taken from
-    ``cpu_decode.PARALLEL_MIN_WORK`` state entries) gives the serial kernel's outputs and states bit for bit, for
+    ``policy.DECODE_SPLIT_MIN_ENTRIES`` state entries) gives the serial kernel's outputs and states bit for bit, for
     step and Decoder, grouped value heads, both layouts of the result; and the reference's."""
     import numba
 
@@ -515,7 +529,7 @@ def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, in
     try:
         o_serial, state_serial = decode(q, k, v, kw, inplace=inplace, **opts)
         assert split == []
-        monkeypatch.setattr(cpu_decode, "PARALLEL_MIN_WORK", 0)
+        monkeypatch.setattr(policy, "DECODE_SPLIT_MIN_ENTRIES", 0)
         o_split, state_split = decode(q, k, v, kw, inplace=inplace, **opts)
         assert split == [2] * (q.shape[1] - 3)
         _, state = linattn.linear_attention(q[:, :3], k[:, :3], v[:, :3], output_final_state=True,
@@ -535,16 +549,16 @@ def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, in
 @pytest.mark.parametrize("threads", [2, 5])
 def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads):
     """With the default threshold a step at more than one thread splits its heads exactly from
-    ``PARALLEL_MIN_WORK`` state entries (here 2 sequences of one 4,096 x Dv head, unnormalized), on no more threads
-    than numba has (a torch thread count above it is capped, not an error), and gives the serial kernel's result bit
-    for bit. One group (B = Hq = 1) never splits."""
+    ``policy.DECODE_SPLIT_MIN_ENTRIES`` state entries (here 2 sequences of one 4,096 x Dv head, unnormalized), on
+    no more threads than numba has (a torch thread count above it is capped, not an error), and gives the serial
+    kernel's result bit for bit. One group (B = Hq = 1) never splits."""
     import numba
 
     from linattn.kernels import cpu_numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
-    assert 2 * 4096 * 2048 == cpu_decode.PARALLEL_MIN_WORK
+    assert 2 * 4096 * 2048 == policy.DECODE_SPLIT_MIN_ENTRIES
     seen = []
     real = cpu_numba.launch
     monkeypatch.setattr(cpu_numba, "launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))

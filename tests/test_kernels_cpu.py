@@ -133,6 +133,7 @@ def test_bad_backend_names_the_argument():
 
 def test_missing_numba_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(cpu_backend, "_numba", None)
+    monkeypatch.setattr(cpu_backend, "_modules", {})
     monkeypatch.setattr(cpu_backend, "_failed", None)
     monkeypatch.setitem(__import__("sys").modules, "linattn.kernels.cpu_numba", None)  # import now fails
     q, k, v, kw = make("gated_delta", "head", gates="range")

@@ -20,6 +20,7 @@ from helpers import np64, reference_call, rel_err
 import linattn
 from linattn import State, backends
 from linattn.backends import cpu as cpu_backend
+from linattn.backends import policy
 
 pytest.importorskip("numba")
 
@@ -209,11 +210,11 @@ def test_compiled_backward_under_auto_only_where_enabled(monkeypatch):
     calls = []
     real = cpu_backend.load().backward
     monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(backends, "AUTO_BACKWARD_RULES", ())
+    monkeypatch.setattr(policy, "AUTO_BACKWARD_RULES", ())
     o, _ = linattn.linear_attention(q, k, v, **kw)
     (gq,) = torch.autograd.grad(o.sum(), q)
     assert not calls  # the torch form ran
-    monkeypatch.setattr(backends, "AUTO_BACKWARD_RULES", ("gated_delta",))
+    monkeypatch.setattr(policy, "AUTO_BACKWARD_RULES", ("gated_delta",))
     o2, _ = linattn.linear_attention(q, k, v, **kw)
     (gq2,) = torch.autograd.grad(o2.sum(), q)
     assert calls == [1] and rel_err(gq2, np64(gq)) < 1e-4
@@ -224,14 +225,12 @@ def test_auto_takes_compiled_backward_for_per_channel_gates(monkeypatch, threads
     """GLA's per-channel gates take the compiled backward under "auto" at one thread, and at more only from
     ``BACKWARD_MULTITHREAD_MIN_ROWS`` (token, head) rows; gates per head keep the torch chunk backward. The
     gradients agree with the torch form's either way."""
-    from linattn.kernels import cpu_numba
-
     calls = []
     real = cpu_backend.load().backward
     monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(cpu_backend, "available_threads", lambda: threads)
     for gate, rows, compiled in (("head", 1, False), ("channel", 1 << 30, threads == 1), ("channel", 1, True)):
-        monkeypatch.setattr(cpu_numba, "BACKWARD_MULTITHREAD_MIN_ROWS", rows)
+        monkeypatch.setattr(policy, "BACKWARD_MULTITHREAD_MIN_ROWS", rows)
         q, k, v, kw = make("gated", gate, B=2, T=21, Hq=2, Dk=5, Dv=3)
         g = kw.pop("g").requires_grad_(True)
         calls.clear()
@@ -246,17 +245,15 @@ def test_auto_takes_compiled_backward_for_per_channel_gates(monkeypatch, threads
 def test_per_channel_backward_threshold_counts_token_head_rows(monkeypatch):
     """At more than one thread the compiled backward starts at exactly BACKWARD_MULTITHREAD_MIN_ROWS rows of
     (sequence, token, value head): B * T * HV."""
-    from linattn.kernels import cpu_numba
-
     calls = []
     real = cpu_backend.load().backward
     monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(cpu_backend, "available_threads", lambda: 2)
     q, k, v, kw = make("gated", "channel", B=2, T=21, Hq=2, group=2, Dk=5, Dv=3)
     q.requires_grad_(True)
     rows = 2 * 21 * 4
     for threshold, compiled in ((rows, True), (rows + 1, False)):
-        monkeypatch.setattr(cpu_numba, "BACKWARD_MULTITHREAD_MIN_ROWS", threshold)
+        monkeypatch.setattr(policy, "BACKWARD_MULTITHREAD_MIN_ROWS", threshold)
         calls.clear()
         o, _ = linattn.linear_attention(q, k, v, **kw)
         torch.autograd.grad(o.sum(), q)
@@ -298,8 +295,9 @@ def test_torch_func_transforms_never_reach_the_compiled_kernels():
 
 @pytest.mark.parametrize("rule,gate,normalize", [("gated_delta", "channel", False), ("gated", "head", True)])
 def test_parallel_builds_match_serial(monkeypatch, rule, gate, normalize):
-    """Two threads (above PARALLEL_MIN_WORK) give the serial results, forward and backward, packed and grouped:
-    the prefill's units on a pool of threads and then its normalized rows, the backward's prange build."""
+    """Two threads (above the policy's PREFILL_SPLIT_MIN_WORK) give the serial results, forward and backward,
+    packed and grouped: the prefill's units on a pool of threads and then its normalized rows, the backward's
+    prange build."""
     import numba
 
     from linattn.kernels import cpu_numba
@@ -316,7 +314,7 @@ def test_parallel_builds_match_serial(monkeypatch, rule, gate, normalize):
     monkeypatch.setattr(cpu_numba, "on_threads",
                         lambda fn, count, n: launched.append(("threads", n)) or real_on_threads(fn, count, n))
     for threads, min_work in ((1, 1 << 62), (2, 0)):
-        monkeypatch.setattr(cpu_numba, "PARALLEL_MIN_WORK", min_work)
+        monkeypatch.setattr(policy, "PREFILL_SPLIT_MIN_WORK", min_work)
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
@@ -414,7 +412,7 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
     seen = []
     real = cpu_numba.prefill
     for n_threads in threads:
-        monkeypatch.setattr(cpu_numba, "PARALLEL_MIN_WORK", 0)
+        monkeypatch.setattr(policy, "PREFILL_SPLIT_MIN_WORK", 0)
         torch.set_num_threads(n_threads)
         try:
             for cols in (1, 4, 16, 32, D + 1):
@@ -439,30 +437,26 @@ def test_prefill_cols_spreads_few_heads_and_keeps_many_whole():
     assert cpu_numba.prefill_cols(1, 7, 2) == 7
 
 
-def test_auto_asks_prefers_compiled_with_the_thread_count(monkeypatch):
-    """"auto" runs the torch chunk form where prefers_compiled says so (for this rule and thread count); "cpu"
-    still runs the compiled loop; both right."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_auto_takes_the_compiled_loop_for_every_rule_at_any_thread_count(monkeypatch, threads):
+    """"auto" runs the compiled prefill for every rule in the forms the policy names (measured faster than the
+    torch chunk form at 1 and 2 threads), and the torch form for a form asked for by name; both right."""
     from linattn.kernels import cpu_numba
 
-    asked, ran = [], []
-    monkeypatch.setattr(cpu_numba, "prefers_compiled", lambda *a: asked.append(a) or False)
+    ran = []
     real = cpu_numba.prefill
     monkeypatch.setattr(cpu_numba, "prefill", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    monkeypatch.setattr(cpu_backend, "available_threads", lambda: threads)
+    for rule, gate in (("accumulate", None), ("gated", "head"), ("delta", None), ("gated_delta", "channel")):
+        q, k, v, kw = make(rule, gate, B=2, T=19, Hq=2, group=2, Dk=5, Dv=4)
+        ref = reference_call(q, k, v, **kw)
+        ran.clear()
+        o_auto, _ = linattn.linear_attention(q, k, v, **kw)
+        assert ran == [1] and rel_err(o_auto, ref[0]) < 2e-4, rule
     q, k, v, kw = make("gated", "head", B=2, T=19, Hq=2, group=2, Dk=5, Dv=4)
-    ref = reference_call(q, k, v, **kw)
-    o_auto, _ = linattn.linear_attention(q, k, v, **kw)
-    assert ran == [] and asked == [("gated", 2, 19, 4, 4, torch.get_num_threads())]
-    o_cpu, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)
-    assert ran == [1]
-    assert rel_err(o_auto, ref[0]) < 2e-4 and rel_err(o_cpu, ref[0]) < 2e-4
-
-
-def test_prefers_compiled_takes_the_loop_on_one_thread():
-    from linattn.kernels import cpu_numba
-
-    for rule in ("accumulate", "gated", "delta", "gated_delta"):
-        assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 1)
-        assert cpu_numba.prefers_compiled(rule, 1, 8192, 8, 64, 2) == (rule in cpu_numba.COMPILED_RULES_MULTITHREAD)
+    ran.clear()
+    o_par, _ = linattn.linear_attention(q, k, v, form="parallel", **kw)
+    assert ran == [] and rel_err(o_par, reference_call(q, k, v, **kw)[0]) < 2e-4
 
 
 # ------------------------------------------------------------------------------ feature maps in the kernel

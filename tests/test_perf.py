@@ -263,9 +263,9 @@ def test_decode_scaling_is_met_when_the_split_steps_are_not_slower():
 
 
 def test_run_judges_decode_against_the_kernels_own_split_threshold():
-    from linattn.kernels import cpu_decode
+    from linattn.backends import policy
 
-    assert perf.decode_split_min_work() == cpu_decode.PARALLEL_MIN_WORK
+    assert perf.decode_split_min_work() == policy.DECODE_SPLIT_MIN_ENTRIES
 
 
 def test_markdown_rendering(doc):

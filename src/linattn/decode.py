@@ -10,6 +10,7 @@ import math
 import torch
 
 from linattn import backends, checks
+from linattn.backends import policy
 from linattn.call import Call, prepare_step
 from linattn.feature_maps import resolve_feature_map
 from linattn.layout import features, group_heads, resolved, split_state, state_tensor, with_ones_column
@@ -133,7 +134,8 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
             return None
     elif z is not None:
         return None
-    threads = torch.get_num_threads() if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK else 1  # measured threshold
+    entries = B * HV * D * Dw  # the policy's split threshold, read inline: decode is all overhead at batch 1
+    threads = 1 if entries < policy.DECODE_SPLIT_MIN_ENTRIES else backends.decode_threads(entries)
     if inplace:
         if S.is_inference() and not torch.is_inference_mode_enabled():
             return None
@@ -295,7 +297,8 @@ class Decoder:
         args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if self._gated else 0,
                 beta.data_ptr() if self._delta else 0, S_at, S_at, o.data_ptr(), B, Hq, HV, D, Dv, gate_width,
                 self._code, self._clamp, self.normalize, self._delta, self._scale, self._eps)
-        if B * HV * D * Dw >= kd.PARALLEL_MIN_WORK and (threads := torch.get_num_threads()) > 1:
+        entries = B * HV * D * Dw
+        if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
             status = kd.decode_split(threads, *args)  # past the measured threshold: heads split over threads
         else:
             status = kd.decode(*args)

@@ -1,45 +1,43 @@
-"""The backends behind :func:`linattn.linear_attention` and :func:`linattn.step`, as ``backend=`` names them,
-chosen by one dispatch: ``"torch"`` (:mod:`linattn.ops`), ``"cpu"`` (:mod:`linattn.backends.cpu`) and ``"triton"``
-(:mod:`linattn.backends.triton`).
+"""The backends behind `linattn.linear_attention` and `linattn.step`, as ``backend=`` names them, and the one
+place that decides which of them runs a call: ``"torch"`` (`linattn.ops`), ``"cpu"`` (`linattn.backends.cpu`, the
+numba kernels) and ``"triton"`` (`linattn.backends.triton`).
 
-``backend="torch"`` always runs the readable torch forms in :mod:`linattn.ops`. ``backend="cpu"`` runs the fused
-numba token loop (:mod:`linattn.kernels.cpu_numba`, through :mod:`linattn.backends.cpu`) and raises a
-``ValueError`` for inputs it does not cover.
-``backend="auto"`` (the default) takes a compiled kernel only where one covers the call and was measured faster
-(docs/perf.md), and the torch form otherwise: numba on CPU; Triton only when forced, until a GPU run measures it.
-``backend="triton"`` forces the Triton kernels (:mod:`linattn.kernels.triton`; CUDA, or CPU tensors under
-``TRITON_INTERPRET=1``) and raises a ``ValueError`` naming the reason where they cannot run.
+Every call is planned here once: `plan_prefill` and `plan_step` return a `Plan`, the compiled path to run (or
+None for the torch forms) and why. The rules behind ``"auto"`` (which forms, which backward, how many threads) are
+in `linattn.backends.policy`, each with its measurement; what each backend can take is its ``refusal``.
 
-The compiled CPU prefill runs from a float32 state on CPU tensors, with grouped value heads, per-channel gates on
-every gated rule (Kimi Delta Attention on gated_delta) and packed sequences (``cu_seqlens``, one state per
-sequence, no padding). It has a compiled backward (reverse-time token loop from state checkpoints): "cpu" takes it
-whenever inputs require grad, "auto" for the rules in ``AUTO_BACKWARD_RULES`` and for per-channel gates where
-``cpu_numba.prefers_compiled_backward`` says so (measured faster). Another state
-dtype, a device other than the CPU, or an argument the kernel does not know runs the torch form; so does
-autograd through the decode step. If numba is missing or fails to load, "cpu" and "auto" run the torch form after
-one warning.
-
-Each entry point returns ``None`` when the torch form should run, so the caller keeps its own path unchanged;
-a forced backend that cannot take a call raises a ``ValueError`` that says why (each backend's ``refusal``).
+``backend="torch"`` always runs the readable torch forms. ``backend="cpu"`` runs the numba kernels and raises a
+``ValueError`` saying why for inputs they do not cover. ``backend="triton"`` forces the Triton kernels (CUDA, or
+CPU tensors under ``TRITON_INTERPRET=1``) and raises likewise. ``backend="auto"`` (the default) takes the numba
+kernels where they cover the call and the policy says they are faster, else the torch forms; on CUDA the torch
+forms, until a GPU run measures the Triton kernels. If numba is missing or fails to load, "cpu" and "auto" run
+the torch forms after one warning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from linattn.backends import cpu, triton
+from linattn.backends import cpu, policy, triton
 from linattn.checks import BACKENDS, check_backend
 
-__all__ = ["AUTO_BACKWARD_RULES", "AUTO_FORMS", "BACKENDS", "check_backend", "decode_kernel", "linear_attention",
-           "step"]
-# "auto" uses the compiled kernels for these forms ("step" is decode); the others (parallel, scan) are asked for
-# by name to study them, so they keep their torch form. Tests of the torch forms empty this tuple.
-AUTO_FORMS = ("chunk", "recurrent", "step")
-# Rules whose compiled backward "auto" takes when inputs require grad (measured faster than the torch chunk form's
-# backward, docs/perf.md); "cpu" takes it for every rule.
-AUTO_BACKWARD_RULES: tuple[str, ...] = ("delta", "gated_delta")
+__all__ = ["BACKENDS", "Plan", "check_backend", "decode_kernel", "decode_threads", "functorch_active",
+           "linear_attention", "plan_conv", "plan_prefill", "plan_step", "step"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs: ``kernel`` is ``"cpu"`` or ``"triton"`` (a compiled backend) or None (the torch forms);
+    ``why`` says what decided it, in words (a refusal's reason, or the policy's rule)."""
+
+    kernel: str | None
+    why: str
+
+
+TORCH = Plan(None, "backend='torch'")
 
 
 def decode_kernel(backend: str):
@@ -47,7 +45,7 @@ def decode_kernel(backend: str):
 
     ``linattn.step`` asks this first and proves the rest (shapes, layouts, the state's record) itself; any call
     that is not the plain case runs through :func:`step` below."""
-    if (backend == "cpu" or (backend == "auto" and "step" in AUTO_FORMS)) and not functorch_active():
+    if (backend == "cpu" or (backend == "auto" and "step" in policy.AUTO_FORMS)) and not functorch_active():
         return cpu.decode_module()
     return None
 
@@ -62,25 +60,55 @@ def functorch_active() -> bool:
     return _TRANSFORMS_ACTIVE is not None and bool(_TRANSFORMS_ACTIVE())
 
 
-def compiled_backward_pays(rule: str, g: torch.Tensor | None, B: int, T: int, H: int, threads: int) -> bool:
-    """Whether "auto" should differentiate this CPU prefill through the compiled backward (measured faster): the
-    rules in ``AUTO_BACKWARD_RULES`` always, per-channel gates where ``cpu_numba.prefers_compiled_backward`` says so."""
-    if rule in AUTO_BACKWARD_RULES:
-        return True
-    kernels = cpu.load()
-    per_channel = g is not None and g.dim() == 4 and g.shape[-1] > 1
-    return kernels is not None and kernels.prefers_compiled_backward(rule, per_channel, B, T, H, threads)
+def decode_threads(entries: int) -> int:
+    """Threads for one step of the one-call decode kernel over ``entries`` state values (the policy's rule)."""
+    return policy.decode_threads(entries, cpu.available_threads())
 
 
-def resolve(backend: str, refusal: str | None, form_ok: bool) -> bool:
-    """True when the compiled CPU kernel should run. A forced "cpu" that cannot take the call is an error."""
-    if backend == "torch":
-        return False
+def _forced(backend: str, why: str) -> ValueError:
+    return ValueError(f"backend={backend!r} cannot run this call: {why}; use backend='auto' or 'torch'")
+
+
+def _cpu_plan(backend: str, refusal: str | None, auto_why: str | None, module: str = "cpu_numba") -> Plan:
+    """The numba kernel ``module``, or the torch forms and why. ``refusal``: what the kernel cannot take (an error
+    when forced); ``auto_why``: the policy's reason to keep the torch forms under "auto" (None: no objection)."""
     if backend == "cpu" and refusal is not None:
-        raise ValueError(f"backend='cpu' cannot run this call: {refusal}; use backend='auto' or 'torch'")
-    if backend == "auto" and (refusal is not None or not form_ok):
-        return False
-    return cpu.load() is not None
+        raise _forced(backend, refusal)
+    if backend == "auto" and (refusal is not None or auto_why is not None):
+        return Plan(None, refusal or auto_why)
+    if cpu.kernel(module) is None:
+        return Plan(None, "numba is unavailable")
+    return Plan("cpu", "the numba kernels take the call")
+
+
+def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, grad: bool,
+                 chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None, extra: dict | None = None) -> Plan:
+    """Which path runs a whole-sequence call (arguments as `linear_attention` takes them); a forced backend that
+    cannot take it raises a ``ValueError`` naming the reason."""
+    if backend == "torch":
+        return TORCH
+    if cu_seqlens is not None and (backend == "triton" or q.is_cuda):
+        return Plan(None, "packed sequences on Triton run as padded segments")
+    if backend == "triton" or (policy.TRITON_UNDER_AUTO and q.is_cuda):
+        kt, why = triton.refusal(rule, (q, k, v, g, beta), state, None, extra, chunk_size)
+        if kt is None:
+            raise _forced("triton", why)
+        return Plan("triton", "backend='triton'")
+    if q.is_cuda:
+        return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
+    if functorch_active():
+        return _cpu_plan(backend, TRANSFORM_REFUSAL, None)
+    refusal = cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
+    auto_why = None
+    if form not in policy.AUTO_FORMS:
+        auto_why = f"form={form!r} is asked for by name, so it runs as written"
+    elif grad:
+        B, T = q.shape[:2]
+        per_channel = g is not None and g.dim() == 4 and g.shape[-1] > 1
+        if not policy.compiled_backward(rule, per_channel, B, T, v.shape[-2], cpu.available_threads()):
+            auto_why = "the torch form's backward was measured faster for this rule and size"
+    return _cpu_plan(backend, refusal, auto_why)
 
 
 def linear_attention(
@@ -92,34 +120,44 @@ def linear_attention(
     """Whole sequence on a compiled backend, or None for the torch forms (``chunk_size``: the Triton chunk
     kernels take 16, 32 or 64; the CPU token loop has no chunks).
 
-    Inputs as validated by :func:`linattn.call.prepare` (public layout ``[B, T, H, D]``, before the feature
-    map; v may have a multiple of q's heads); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the
-    normalizer as last column), not modified. ``cu_seqlens`` (checked int64 ``[N + 1]``, B = 1): packed sequences,
-    ``state`` then ``[N, H, ...]``. ``extra``: any further argument of the public call; a compiled kernel runs only
-    when all of them are None. ``grad``: inputs require grad (the compiled prefill has a backward). Returns
-    ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state(s) in the augmented layout.
+    Inputs as validated by `linattn.call.prepare` (public layout ``[B, T, H, D]``, before the feature map; v may
+    have a multiple of q's heads); ``state`` is the ``[B, H, Dk, Dv(+1)]`` starting state (the normalizer as last
+    column), not modified. ``cu_seqlens`` (checked int64 ``[N + 1]``, B = 1): packed sequences, ``state`` then
+    ``[N, H, ...]``. ``extra``: any further argument of the public call; a compiled kernel runs only when all of
+    them are None. ``grad``: inputs require grad. Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final
+    state(s) in the augmented layout.
     """
-    if cu_seqlens is not None and (backend == "triton" or q.is_cuda):
-        return None  # packed on Triton: the caller runs padded segments, each one Triton call
-    kt = triton.use(backend, (q, k, v, g, beta), rule, state, None, extra, chunk_size)
-    if kt is not None:
+    plan = plan_prefill(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=state, grad=grad,
+                        chunk_size=chunk_size, cu_seqlens=cu_seqlens, extra=extra)
+    if plan.kernel == "triton":
+        kt, _ = triton.refusal(rule, (q, k, v, g, beta), state, None, extra, chunk_size)
         return kt.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap, scale=scale,
                                    normalize=normalize, eps=eps, eps_mode=eps_mode, chunk_size=chunk_size)
-    if backend in ("triton", "torch") or q.is_cuda:
-        return None
-    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
-    B, T = q.shape[:2]
-    H, Dv = v.shape[-2:]
-    threads = torch.get_num_threads()
-    # The compiled backward has no functorch rule: under torch.func transforms (vmap, grad, jacrev) "auto" keeps
-    # the torch forms. A double backward (create_graph) recomputes in the torch forms (cpu.exact_backward).
-    auto_ok = backend != "auto" or (form in AUTO_FORMS and (not grad or (
-        not functorch_active() and compiled_backward_pays(rule, g, B, T, H, threads))))
-    if not resolve(backend, refusal, auto_ok):
-        return None
-    if backend == "auto" and not cpu.load().prefers_compiled(rule, B, T, H, Dv, threads):
-        return None  # measured: the torch chunk form is faster for this rule at this thread count
-    return cpu.prefill(q, k, v, g, beta, state, fmap, scale, normalize, eps, eps_mode, grad, cu_seqlens)
+    if plan.kernel == "cpu":
+        return cpu.prefill(q, k, v, g, beta, state, fmap, scale, normalize, eps, eps_mode, grad, cu_seqlens)
+    return None
+
+
+def plan_step(backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor,
+              extra: dict | None = None) -> Plan:
+    """Which path runs a decode step off the fast path (arguments as `step` takes them); a forced backend that
+    cannot take it raises a ``ValueError`` naming the reason."""
+    if backend == "torch":
+        return TORCH
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
+    if backend == "triton" or (policy.TRITON_UNDER_AUTO and q.is_cuda):
+        kt, why = triton.refusal(rule, (q, k, v, g, beta), state, grad, extra)
+        if kt is None:
+            raise _forced("triton", why)
+        return Plan("triton", "backend='triton'")
+    if q.is_cuda:
+        return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
+    if functorch_active():
+        return _cpu_plan(backend, TRANSFORM_REFUSAL, None)
+    refusal = cpu.refusal(rule, (q, k, v, g, beta), state, grad, extra)
+    auto_why = None if "step" in policy.AUTO_FORMS else "the step's torch form is asked for"
+    return _cpu_plan(backend, refusal, auto_why)
 
 
 def step(
@@ -132,28 +170,22 @@ def step(
     ``q`` (already scaled), ``k`` features in the state's dtype ``[B, H, Dk]``, ``v [B, H, Dv]``; ``state``
     ``[B, H, Dk, Dv(+1)]``, updated in place when ``inplace`` (else copied first). Returns (o in v.dtype, state).
     """
-    if backend == "torch":
-        return None
-    if backend == "triton" or q.is_cuda:
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
-        kt = triton.use(backend, (q, k, v, g, beta), rule, state, grad, extra)
-        if kt is None:
-            return None
+    plan = plan_step(backend, rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, extra=extra)
+    if plan.kernel == "triton":
+        kt, _ = triton.refusal(rule, (q, k, v, g, beta), state, False, extra)
         return kt.step(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, normalize=normalize, eps=eps,
                        eps_mode=eps_mode, inplace=inplace)
-    if functorch_active():
-        if backend == "cpu":
-            raise ValueError(f"backend='cpu' cannot run this call: {TRANSFORM_REFUSAL}; use backend='auto' or 'torch'")
-        return None
-    # Decode is all overhead at batch 1: the common case (CPU, float32, no autograd) is decided in a few checks.
-    plain = (all(x is None for x in extra.values())
-             and state.dtype == q.dtype == k.dtype == v.dtype == torch.float32 and state.is_cpu and q.is_cpu
-             and v.shape[1] == q.shape[1] and (g is None or g.dim() == 2 or rule == "gated")
-             and not (q.requires_grad or k.requires_grad or v.requires_grad or state.requires_grad)
-             and (g is None or not g.requires_grad) and (beta is None or not beta.requires_grad))
-    if not (plain and cpu.loaded() and "step" in AUTO_FORMS):
-        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
-        refusal = cpu.refusal(rule, (q, k, v, g, beta), state, grad, extra)
-        if not resolve(backend, refusal, "step" in AUTO_FORMS):
-            return None
-    return cpu.step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend)
+    if plan.kernel == "cpu":
+        return cpu.step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend)
+    return None
+
+
+def plan_conv(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+              update: bool = False) -> Plan:
+    """Which path runs the short causal convolution of ``x`` (``update``: one decode token into a rolling window,
+    outside autograd). The Triton backend has no convolution: under ``"triton"`` the torch form runs (on CUDA too);
+    a forced ``"cpu"`` that cannot take the call raises a ``ValueError`` naming the reason."""
+    if backend in ("torch", "triton"):
+        return Plan(None, f"backend={backend!r} runs the torch form of the convolution")
+    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, update)
+    return _cpu_plan(backend, refusal, None, module="cpu_conv")

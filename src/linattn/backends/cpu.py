@@ -13,6 +13,7 @@ missing or fails to load, the torch forms run after one warning.
 from __future__ import annotations
 
 import importlib
+import os
 import warnings
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from linattn import buffers, feature_maps
+from linattn.backends import compile_notice, policy
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
@@ -30,22 +32,41 @@ CHECKPOINT_EVERY = 32
 
 _numba = None
 _failed: str | None = None
-_decode = None
+_modules: dict[str, object] = {}
 
 
-def load():
-    """The numba module, or None (after one warning per process) when it cannot be imported."""
-    global _numba, _failed
-    if _numba is None and _failed is None:
+def _prepare_numba() -> None:
+    """What numba needs before a linattn kernel module loads: its own thread pool (the workqueue layer) unless the
+    user chose a layer: the OpenMP layer loads a second OpenMP runtime next to torch's, whose idle threads spun
+    against torch's and made the torch chunk form 5x slower on 2 cores after one numba call
+    (benchmarks/results/omp_wait_ab_cpu.txt); and the one line on stderr when a kernel compiles on a cold cache."""
+    import numba
+
+    if not os.environ.get("NUMBA_THREADING_LAYER"):
+        numba.config.THREADING_LAYER = "workqueue"
+    compile_notice.install()
+
+
+def kernel(name: str):
+    """The compiled CPU kernel module ``linattn.kernels.<name>`` (``cpu_numba``, ``cpu_decode``, ``cpu_conv``), or
+    None (after one warning per process) when numba cannot load; every kernel module is loaded here."""
+    global _failed, _numba
+    if name not in _modules and _failed is None:
         try:
-            mod = importlib.import_module("linattn.kernels.cpu_numba")
+            _prepare_numba()
+            _modules[name] = importlib.import_module(f"linattn.kernels.{name}")
+            if name == "cpu_numba":
+                _numba = _modules[name]  # the glue below calls its kernels
         except Exception as exc:  # ImportError, or a numba/llvmlite that fails to initialize
             _failed = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"linattn: compiled CPU kernels unavailable ({_failed}); using the torch forms",
                           RuntimeWarning, stacklevel=5)
-        else:
-            _numba = mod
-    return _numba
+    return _modules.get(name)
+
+
+def load():
+    """The numba token loops (:mod:`linattn.kernels.cpu_numba`), or None when numba cannot load."""
+    return _numba if _numba is not None else kernel("cpu_numba")
 
 
 def loaded() -> bool:
@@ -55,10 +76,19 @@ def loaded() -> bool:
 
 def decode_module():
     """:mod:`linattn.kernels.cpu_decode`, or None when numba cannot load."""
-    global _decode
-    if _decode is None and load() is not None:
-        _decode = importlib.import_module("linattn.kernels.cpu_decode")
-    return _decode
+    return kernel("cpu_decode") if load() is not None else None
+
+
+def available_threads() -> int:
+    """Threads a compiled call may use: torch's count (what the user set), capped by numba's pool."""
+    import numba
+
+    return min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+
+
+def loop_threads(work: int, pairs: int) -> int:
+    """Threads for a compiled token loop over ``work`` state entries in ``pairs`` units (the policy's rule)."""
+    return policy.loop_threads(work, pairs, available_threads())
 
 
 def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
@@ -78,6 +108,21 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
         return f"it keeps a float32 state, got state dtype {state.dtype}"
     if any(t is not None and t.dtype not in INPUT_DTYPES for t in tensors):
         return f"it takes {[str(d) for d in INPUT_DTYPES]} inputs"
+    return None
+
+
+def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, update: bool) -> str | None:
+    """Why the compiled convolution cannot take this call, or None: CPU tensors of one dtype, float32 (and float64
+    for the one-token update, which has no backward: outside autograd)."""
+    tensors = [t for t in (x, weight, bias) if t is not None]
+    if any(t.device.type != "cpu" for t in tensors):
+        return "it runs on CPU tensors only"
+    dtypes = (torch.float32, torch.float64) if update else (torch.float32,)
+    if any(t.dtype != x.dtype for t in tensors) or x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        return f"it takes {names} inputs of one dtype"
+    if update and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return "its one-token update has no backward (inputs require grad)"
     return None
 
 
@@ -133,9 +178,10 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
     o = buffers.empty((B * T, H, Dv))
     view = bf16_bits if raw else f32
+    threads = loop_threads(B * T * H * ST.shape[-2] * Dk, (len(cu) - 1) * H * max(1, Dv // 32))
     _numba.prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)), f32(g, (*flat, -1)),
                    f32(beta, flat), cu, buffers.array(ST), buffers.array(o), scale=scale, eps=float(eps),
-                   clamp=eps_mode == "clamp", normalize=normalize, fmap=in_kernel)
+                   clamp=eps_mode == "clamp", normalize=normalize, fmap=in_kernel, threads=threads)
     o = o.view(B, T, H, Dv)
     if v.dtype != torch.float32:
         o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)
@@ -178,8 +224,10 @@ class CompiledPrefill(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, S0, cu, scale, every):
         ST = S0.detach().to(torch.float32).transpose(-1, -2).contiguous()
         o = buffers.empty(tuple(v.shape))
+        T, H, Dw = v.shape
+        threads = loop_threads(T * H * Dw * q.shape[-1], (len(cu) - 1) * H * max(1, Dw // 32))
         ckpt = _numba.prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, buffers.array(ST), buffers.array(o),
-                                   scale=scale, eps=0.0, clamp=False, normalize=False, every=every)
+                              scale=scale, eps=0.0, clamp=False, normalize=False, every=every, threads=threads)
         ctx.save_for_backward(q, k, v, g, beta, S0)
         ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
         return o, ST.transpose(-1, -2).contiguous()
@@ -194,9 +242,10 @@ class CompiledPrefill(torch.autograd.Function):
         dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
                else grad_S.resolve_neg().to(torch.float32).transpose(-1, -2).contiguous())
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
+        threads = loop_threads(q.shape[0] * H * Dw * Dk, N * H)
         dq, dk, dv, dg, dbeta = _numba.backward(
             f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, buffers.array(dST), buffers.array(do),
-            scale=ctx.scale, every=ctx.every)
+            scale=ctx.scale, every=ctx.every, threads=threads)
         t = torch.from_numpy
         return (t(dq), t(dk), t(dv), None if dg is None else t(dg), None if dbeta is None else t(dbeta),
                 dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None)
@@ -263,6 +312,7 @@ def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backe
     Dv = v.shape[-1]
     o = torch.empty(B, H, Dv, dtype=torch.float32)
     # One token is a sequence of length 1: [B, H, ...] -> [B, 1, H, ...] views.
+    # One thread: the token loop's decode step runs serially (linattn.backends.policy.DECODE_SPLIT_MIN_ENTRIES).
     _numba.run(f32(q, (B, 1, H, Dk)), f32(k, (B, 1, H, Dk)), f32(v, (B, 1, H, Dv)),
                f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), f32(beta, (B, 1, H)),
                buffers.array(state), buffers.array(o).reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),

@@ -1,6 +1,6 @@
 """The Triton backend (``backend="triton"``): whether the Triton kernels in :mod:`linattn.kernels.triton` can take a
-call, and why not (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``). Opt-in until a GPU run has
-measured the kernels: ``"auto"`` does not pick it."""
+call, and why not (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``). Whether it runs is
+`linattn.backends`' decision (opt-in until a GPU run has measured the kernels)."""
 
 from __future__ import annotations
 
@@ -30,14 +30,3 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool | None, e
         return None, f"triton is unavailable ({type(exc).__name__}: {exc})"
     why = kt.refusal(q, state, state.shape[-2], chunk_size)
     return (kt, None) if why is None else (None, why)
-
-
-def use(backend: str, tensors: tuple, rule: str, state, grad, extra, chunk_size=None):
-    """The Triton module when it should run this call, None for the other paths; a forced "triton" that cannot
-    run is an error naming the reason."""
-    if backend != "triton":  # opt-in until a GPU run has measured the kernels (scripts/gpu_check.sh)
-        return None
-    kt, why = refusal(rule, tensors, state, grad, extra, chunk_size)
-    if kt is None:
-        raise ValueError(f"backend='triton' cannot run this call: {why}; use backend='auto' or 'torch'")
-    return kt

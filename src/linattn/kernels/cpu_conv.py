@@ -16,9 +16,6 @@ import math
 import numba
 import numpy as np
 
-from linattn.kernels import notice
-
-notice.install()  # one line on stderr when a kernel compiles (a cold cache)
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
 

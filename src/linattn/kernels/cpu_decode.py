@@ -35,11 +35,6 @@ from linattn.kernels import cpu_numba
 from linattn.kernels.cpu_numba import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
 
 OK, BAD_GATE = 0, 1
-# A decode step splits its heads over threads (decode_split) from this many state entries (B*H*Dk*Dw) when torch
-# has more than one thread; below it the serial kernel runs. On the 2-core AMD EPYC waking the second thread cost
-# 100-450 us; in four runs the split took 0.55-0.68x the serial time from 16M entries (64 MiB of state), 0.62-1.21x
-# at 4M-8M and 1.07-15x below (scripts/decode_split_ab.py, benchmarks/results/decode_split_cpu.txt).
-PARALLEL_MIN_WORK = 1 << 24
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})

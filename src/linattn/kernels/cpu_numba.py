@@ -19,23 +19,19 @@ cache directory when that is read-only, or ``NUMBA_CACHE_DIR``), so later proces
 from __future__ import annotations
 
 import math
-import os
 import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-import torch
 from llvmlite import ir
 from numba import types as nbtypes
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from linattn import buffers
-from linattn.kernels import notice
 
-notice.install()  # one line on stderr when a kernel compiles (a cold cache)
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
 
@@ -751,71 +747,9 @@ def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, 
 backward_parallel, backward_serial = _builds(_backward, _FLAGS_T)
 
 
-def _use_workqueue() -> None:
-    """Run parallel loops on numba's own thread pool unless the user chose a layer.
-
-    The OpenMP layer loads a second OpenMP runtime next to torch's; their idle threads spin against each other
-    and on 2 cores made the torch chunk form 5x slower after one numba call (measured, docs/perf.md). The
-    workqueue layer forbids concurrent launches, so ``run`` serializes parallel calls with a lock.
-    """
-    if not os.environ.get("NUMBA_THREADING_LAYER"):
-        numba.config.THREADING_LAYER = "workqueue"
-
-
-_use_workqueue()
+# One launch of a prange build at a time: numba's workqueue threading layer (chosen by linattn.backends.cpu before
+# this module loads) allows no other.
 _LOCK = threading.Lock()
-# Below this many state elements swept per call (B*H*T*Dk*Dw), waking the thread pool costs more than it saves.
-PARALLEL_MIN_WORK = 1 << 17
-
-
-# A decode step that the one-call kernel (cpu_decode, with its own threshold) does not take runs this token loop,
-# serially unless its state has this many entries (B*H*Dk*Dw). On the 2-core AMD EPYC (loaded) the parallel token
-# loop at 2 threads was 4-5x slower than the serial one at batch 1 and mixed at 4-16 sequences of the Qwen3-Next
-# geometry, so it stays off.
-DECODE_PARALLEL_MIN_WORK = 1 << 62
-
-
-def decode_parallel_threshold(threads: int) -> int:
-    """State entries (B*H*Dk*Dw) from which a decode step on this token loop (the cases the one-call kernel does
-    not take) splits its heads over ``threads`` threads; below it the serial loop runs, the same code at any thread
-    count (no size was measured where this loop's split pays, so the threshold is off)."""
-    return DECODE_PARALLEL_MIN_WORK if threads > 1 else 1 << 62
-
-
-# Rules whose "auto" prefill takes the compiled token loop at more than one thread (at one it always does). The
-# delta rules' torch form is a sequential chunk solve that the loop beats at every thread count measured. For
-# accumulate and gated the torch chunk form is matmuls and doubles with a second thread; the loop with prefetch
-# beat it at 2 threads in a loaded run of scripts/cpu_kernels_bench.py, which prints "auto" against "torch" per
-# rule and thread count: drop a rule here where a quiet run shows auto_over_torch_2t above 1.
-COMPILED_RULES_MULTITHREAD: tuple[str, ...] = ("accumulate", "gated", "delta", "gated_delta")
-
-
-def prefers_compiled(rule: str, B: int, T: int, H: int, D: int, threads: int) -> bool:
-    """Whether "auto" should run this prefill (``B`` sequences of ``T`` tokens, ``H`` value heads of width ``D``)
-    on the compiled token loop rather than the torch chunk form, at ``threads`` threads."""
-    return threads <= 1 or rule in COMPILED_RULES_MULTITHREAD
-
-
-# GLA's per-key-channel gates under autograd: the torch chunk form's backward builds the chunk's decay products,
-# the compiled reverse loop does not. One thread, B=1, T=8192, H=8, D=64 (scripts/compiled_backward_cost.py): even
-# in a quiet run, 0.68x in a loaded one; a whole MQAR training step at widths 64 and 128, T 64 and 256, 0.81-1.00x
-# (scripts/train_step_ab.py). At 2 threads 0.85x at T=8192, not measured faster at a training step's 4,096 rows.
-BACKWARD_MULTITHREAD_MIN_ROWS = 1 << 16
-
-
-def prefers_compiled_backward(rule: str, per_channel: bool, B: int, T: int, H: int, threads: int) -> bool:
-    """Whether "auto" should differentiate a gated prefill through the compiled backward (the delta rules always
-    do, ``linattn.backends.AUTO_BACKWARD_RULES``): per key channel, at one thread or from
-    ``BACKWARD_MULTITHREAD_MIN_ROWS`` (token, head) rows; one gate per head keeps the torch chunk backward."""
-    return rule == "gated" and per_channel and (threads <= 1 or B * T * H >= BACKWARD_MULTITHREAD_MIN_ROWS)
-
-
-def _threads(work: int, pairs: int, decode: bool = False) -> int:
-    """Threads for a call sweeping ``work`` state entries over ``pairs`` (sequence, head) pairs: torch's count,
-    or 1 when the job is too small to pay for waking the pool (for a decode step: below the decode threshold)."""
-    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
-    bar = decode_parallel_threshold(threads) if decode else PARALLEL_MIN_WORK
-    return threads if threads > 1 and pairs > 1 and work >= bar else 1
 
 
 _POOL: list[ThreadPoolExecutor] = []  # made on first use, as many workers as numba allows threads
@@ -855,16 +789,17 @@ def launch(parallel, serial, args, threads: int):
     return serial(*args)
 
 
-def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normalize: bool) -> None:
+def run(q, k, v, g, beta, S, o, *, scale: float, eps: float, clamp: bool, normalize: bool, threads: int = 1) -> None:
     """Call the [Dk, Dw]-layout token loop on float32 NumPy views: ``g`` [B, T, H, 1 or Dk] or None, ``beta``
-    [B, T, H] or None; ``S`` [B, H, Dk, Dv(+1)] is updated in place and ``o`` [B, T, H, Dv] written (decode)."""
+    [B, T, H] or None; ``S`` [B, H, Dk, Dv(+1)] is updated in place and ``o`` [B, T, H, Dv] written (decode), on
+    ``threads`` threads (the heads split over them)."""
     B, T, H, Dk = q.shape
     gated, delta = g is not None, beta is not None
     per_channel = gated and g.shape[3] != 1
     g = _DUMMY4 if g is None else g
     beta = _DUMMY3 if beta is None else beta
     args = (q, k, v, g, beta, S, o, scale, eps, clamp, normalize, gated, delta, per_channel)
-    launch(token_loop_parallel, token_loop_serial, args, _threads(B * H * T * S.shape[2] * S.shape[3], B * H, T == 1))
+    launch(token_loop_parallel, token_loop_serial, args, threads)
 
 
 def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
@@ -886,12 +821,12 @@ def prefill_cols(pairs: int, Dv: int, threads: int) -> int:
 
 
 def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
-            every: int = 0, cols: int | None = None, fmap: str | None = None) -> np.ndarray | None:
+            every: int = 0, cols: int | None = None, fmap: str | None = None, threads: int = 1) -> np.ndarray | None:
     """Call :func:`_prefill` on float32 NumPy views (``cu`` int64; q, k and v may instead all be int16 views of
     bfloat16 tensors, read in place); ``ST`` [N, H, Dw, Dk] is updated in place and ``o`` [T, H, Dv] written;
     ``fmap``: a feature map named in :data:`FEATURE_CODES`, applied by the kernel to q and k as it loads them.
     ``every > 0`` also returns the checkpoints ``[count, H, Dw, Dk]`` for :func:`backward`. ``cols``: value rows
-    per work unit (None: :func:`prefill_cols`). Threads: torch's count."""
+    per work unit (None: :func:`prefill_cols`). ``threads``: how many run it (the caller decides)."""
     N, H, Dw, Dk = ST.shape
     gated, delta = g is not None, beta is not None
     if delta and normalize:
@@ -913,7 +848,6 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     if not all(x.flags.c_contiguous for x in (q, k, v, G, ST, o)):
         raise ValueError("prefill: q, k, v, g, ST and o must be C-contiguous")
     den = np.empty((q.shape[0], H), dtype=np.float32) if normalize else _DUMMY2
-    threads = _threads(q.shape[0] * H * Dw * Dk, N * H * max(1, v.shape[2] // 32))
     cols = prefill_cols(N * H, v.shape[2], threads) if cols is None else int(cols)
     if cols < 1:
         raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
@@ -929,7 +863,7 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     return ckpt if every > 0 else None
 
 
-def backward(q, k, v, g, beta, cu, ckpt, dST, do, *, scale: float, every: int):
+def backward(q, k, v, g, beta, cu, ckpt, dST, do, *, scale: float, every: int, threads: int = 1):
     """Gradients of an unnormalized :func:`prefill` run (q, k at the value heads): returns (dq, dk, dv, dg, dbeta),
     dg and dbeta None without gate or beta; ``dST`` goes in as the final states' gradient and comes out as the
     initial states'."""
@@ -943,7 +877,7 @@ def backward(q, k, v, g, beta, cu, ckpt, dST, do, *, scale: float, every: int):
     ck_start, _ = checkpoint_starts(cu, every)
     args = (q, k, v, _DUMMY3 if g is None else g, _DUMMY2 if beta is None else beta, cu, ckpt, ck_start, every,
             dST, do, dq, dk, dv, dg, dbeta, scale, gated, delta, per_channel)
-    launch(backward_parallel, backward_serial, args, _threads(T * H * Dw * Dk, N * H))
+    launch(backward_parallel, backward_serial, args, threads)
     return dq, dk, dv, (dg if gated else None), (dbeta if delta else None)
 
 

@@ -282,7 +282,8 @@ class LinearAttention(nn.Module):
         conv_tail = None
         if self.conv_size:
             pre = qkv
-            qkv, conv_tail = causal_conv(qkv, self.conv_weight, None if cache is None else cache.conv, cu_seqlens)
+            qkv, conv_tail = causal_conv(qkv, self.conv_weight, None if cache is None else cache.conv, cu_seqlens,
+                                         backend=self.backend)
             if cu_seqlens is not None:  # each sequence's own last K-1 inputs (zeros before its start)
                 conv_tail = _packed_tails(pre[0], self.conv_size, cu_seqlens)
         q, k, v = qkv.split([H * Dk, H * Dk, HV * Dv], dim=-1)

@@ -53,7 +53,7 @@ def causal_conv1d_fn(hidden_states: torch.Tensor, weight: torch.Tensor, bias: to
             return inspect.unwrap(fallback)(hidden_states, weight, bias, activation=activation)
         raise ValueError(f"activation={activation!r}: linattn's short convolution is SiLU or none")
     y, _ = causal_conv(hidden_states.transpose(1, 2).to(weight.dtype), weight, cu_seqlens=cu, bias=bias,
-                       activation=_ACTIVATIONS[activation])
+                       activation=_ACTIVATIONS[activation], backend=backend)
     return y.transpose(1, 2).to(hidden_states.dtype)
 
 
@@ -73,7 +73,7 @@ def causal_conv1d_update(hidden_states: torch.Tensor, conv_state: torch.Tensor, 
     B, C, L = hidden_states.shape
     W, K = conv_state.shape[-1], weight.shape[-1]
     if L == 1:
-        out = conv_update(hidden_states[:, :, 0], conv_state, weight, bias, act)
+        out = conv_update(hidden_states[:, :, 0], conv_state, weight, bias, act, backend=backend)
         if out is not None:
             return out[:, :, None].to(hidden_states.dtype)
     xs = torch.cat([conv_state, hidden_states], dim=-1).to(weight.dtype)  # [B, C, W + L]

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 import linattn
+from linattn.backends import policy
 from linattn.tools.harness import machine
 from linattn.tools.harness.peak import cpu_peak_bytes
 from linattn.tools.harness.timer import time_call
@@ -275,7 +276,7 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
 def decode_split_min_work() -> int | None:
     """The state entries from which the compiled decode step splits heads over threads (None: no compiled step)."""
     kd = linattn.backends.decode_kernel("cpu")
-    return None if kd is None else int(kd.PARALLEL_MIN_WORK)
+    return None if kd is None else int(policy.DECODE_SPLIT_MIN_ENTRIES)
 
 
 def missing_peers(cases: list[Case]) -> dict[str, str]:

@@ -198,9 +198,9 @@ def scaling_targets(scaling: list[dict[str, Any]], cfg: PerfConfig,
     slower with more threads (worst shown). Not measured unless the run had both 1 and 2 threads.
 
     ``split_min_work``: the state entries (B*H*Dk*Dw) from which the compiled decode step splits its heads over
-    threads (``cpu_decode.PARALLEL_MIN_WORK``). Below it the same serial kernel runs at both counts, so its ratio
-    measures only how far two timings of one kernel move: such variants are listed, not judged, and a batch none of
-    whose variants splits gets the status "same kernel"."""
+    threads (``linattn.backends.policy.DECODE_SPLIT_MIN_ENTRIES``). Below it the same serial kernel runs at both
+    counts, so its ratio measures only how far two timings of one kernel move: such variants are listed, not judged,
+    and a batch none of whose variants splits gets the status "same kernel"."""
     by = {s["name"]: s for s in scaling if s["threads"] == [1, 2]}
     B, T = cfg.target
     out = []

@@ -374,8 +374,8 @@ scene({ id: "shapes", title: T("Every dimension in the formula", "公式里的�
   } });
 
 scene({ id: "memory", title: T("A fixed-size state need not be small", "固定大小的状态也可能不小"),
-  text: [T("B requests, L layers, H state heads; each head keeps S of r × dv and z of r: M_state = B × L × H × (r·dv + r) × b bytes. One request, 32 layers, 16 heads, r = dv = 128, a float32 state: 512 × (16384 + 128) × 4 = 33,816,576 bytes = 32.25 MiB, whatever the history length. A short convolution's state, cached gates or full-attention layers add on top. Edit the fields: the page uses linattn.memory's formulas.",
-      "B 个请求、L 层、H 个状态头；每个头保存 r × dv 的 S 和 r 维的 z：M_state = B × L × H × (r·dv + r) × b 字节。单请求、32 层、16 个头、r = dv = 128、float32 状态：512 × (16384 + 128) × 4 = 33,816,576 字节 = 32.25 MiB，与历史长度无关。短卷积的状态、门控缓存或 full-attention 层要另外加上。可以修改下面的数值：页面使用与 linattn.memory 相同的公式。")],
+  text: [T("B requests, L layers, H state heads; each head keeps S of r × dv and z of r: M_state = B × L × H × (r·dv + r) × b bytes. One request, 32 layers, 16 heads, r = dv = 128, a float32 state: 512 × (16384 + 128) × 4 = 33,816,576 bytes = 32.25 MiB, whatever the history length. A short convolution's state, cached gates or full-attention layers add on top. Edit the fields: the page uses linattn.tools.memory's formulas.",
+      "B 个请求、L 层、H 个状态头；每个头保存 r × dv 的 S 和 r 维的 z：M_state = B × L × H × (r·dv + r) × b 字节。单请求、32 层、16 个头、r = dv = 128、float32 状态：512 × (16384 + 128) × 4 = 33,816,576 字节 = 32.25 MiB，与历史长度无关。短卷积的状态、门控缓存或 full-attention 层要另外加上。可以修改下面的数值：页面使用与 linattn.tools.memory 相同的公式。")],
   build(root) {
     const d = DATA.memory, inp = Object.assign({}, d.inputs), out = h("div", {});
     const NAMES = { B: T("B requests", "B 请求数"), L: T("L layers", "L 层数"), H: T("H heads", "H 头数"), r: T("r features", "r 特征数"), dv: T("dv", "dv 值维度"),
@@ -389,7 +389,7 @@ scene({ id: "memory", title: T("A fixed-size state need not be small", "固定�
       Object.keys(d.dtype_bytes).map((n) => h("option", { value: n, selected: n === inp[key] }, n))));
     root.append(h("div", { class: "controls" }, ["B", "L", "H", "r", "dv"].map(field), dsel("state_dtype")), h("div", { class: "controls" }, ["kv_heads", "head_dim"].map(field), dsel("kv_dtype")), out);
     const draw = () => {
-      // BigInt: exact integers past 2^53, like linattn.memory's Python ints.
+      // BigInt: exact integers past 2^53, like linattn.tools.memory's Python ints.
       const N = (key) => BigInt(inp[key]), b = BigInt(d.dtype_bytes[inp.state_dtype]), kb = BigInt(d.dtype_bytes[inp.kv_dtype]);
       const perHead = (N("r") * N("dv") + N("r")) * b, kvTok = 2n * N("head_dim") * kb, total = N("B") * N("L") * N("H") * perHead;
       const mib = Number(total) / 1048576;

@@ -54,7 +54,7 @@ _listener: _Listener | None = None
 
 
 def install() -> None:
-    """Listen for compiles (idempotent; every kernel module calls it on import)."""
+    """Listen for compiles (idempotent; the loader in linattn.backends.cpu calls it before a kernel module loads)."""
     global _listener
     with _lock:
         if _listener is None:

@@ -1,0 +1,60 @@
+"""Which path runs, decided here and nowhere else: every rule that picks between a compiled kernel and the torch
+forms under ``backend="auto"``, which backward differentiates a compiled prefill, and how many threads a compiled
+call takes. Each rule names the measurement it came from (``benchmarks/results/``, ``scripts/``); change a rule
+here when a new run says otherwise. The kernels hold no policy: they run on the threads they are given.
+
+Pure functions of sizes, rules and thread counts: nothing here imports a kernel or touches a tensor.
+"""
+
+from __future__ import annotations
+
+# Forms "auto" hands to a compiled kernel ("step" is decode); "parallel" and "scan" are asked for by name to study
+# them, so they keep their torch form. The compiled token loop took 0.36-0.61x the torch chunk form's time for every
+# rule at 1 and 2 threads (auto_over_torch in benchmarks/results/cpu_kernels_cpu.txt, scripts/cpu_kernels_bench.py).
+AUTO_FORMS: tuple[str, ...] = ("chunk", "recurrent", "step")
+
+# Rules whose compiled backward "auto" takes when inputs require grad: the torch form's backward differentiates a
+# sequential chunk solve, the compiled reverse loop does not (benchmarks/results/compiled_backward_cost_cpu.txt).
+AUTO_BACKWARD_RULES: tuple[str, ...] = ("delta", "gated_delta")
+
+# GLA's per-key-channel gates under autograd: the torch chunk backward builds the chunk's decay products, the
+# compiled reverse loop does not. One thread, B=1, T=8192, H=8, D=64: the compiled backward 0.68x the torch time;
+# a whole MQAR training step 0.81-1.00x (benchmarks/results/compiled_backward_gated_cpu.txt,
+# train_step_ab_gated_cpu.txt). At 2 threads 0.85x at T=8192, not faster at a training step's 4,096 rows.
+BACKWARD_MULTITHREAD_MIN_ROWS = 1 << 16
+
+# A compiled prefill, backward or token-loop call splits its (sequence, head) work over threads from this many
+# state entries swept (T*B*H*Dk*Dw); below it, waking the pool costs more than it saves.
+PREFILL_SPLIT_MIN_WORK = 1 << 17
+
+# The one-call decode kernel splits its heads over threads from this many state entries (B*H*Dk*Dw). On the 2-core
+# AMD EPYC waking the second thread cost 100-450 us; in four runs the split took 0.55-0.68x the serial time from
+# 16M entries (64 MiB of state), 0.62-1.21x at 4M-8M and 1.07-15x below (benchmarks/results/decode_split_cpu.txt).
+# The general token loop's decode step (the cases the one-call kernel does not take) always runs serially: at 2
+# threads it was 4-5x slower at batch 1 and mixed at 4-16 sequences of the Qwen3-Next geometry.
+DECODE_SPLIT_MIN_ENTRIES = 1 << 24
+
+# The Triton kernels run only when asked for (backend="triton") until a GPU run has measured them.
+TRITON_UNDER_AUTO = False
+
+
+def compiled_backward(rule: str, per_channel: bool, B: int, T: int, H: int, threads: int) -> bool:
+    """Whether "auto" differentiates this CPU prefill through the compiled backward rather than the torch chunk
+    form: the rules in ``AUTO_BACKWARD_RULES`` always; ``gated`` with one gate per key channel at one thread or
+    from ``BACKWARD_MULTITHREAD_MIN_ROWS`` (token, head) rows; one gate per head keeps the torch backward."""
+    if rule in AUTO_BACKWARD_RULES:
+        return True
+    return rule == "gated" and per_channel and (threads <= 1 or B * T * H >= BACKWARD_MULTITHREAD_MIN_ROWS)
+
+
+def loop_threads(work: int, pairs: int, available: int) -> int:
+    """Threads for a compiled prefill, backward or multi-token loop sweeping ``work`` state entries over ``pairs``
+    (sequence, head) units: ``available`` (torch's count, capped by numba's), or 1 below
+    ``PREFILL_SPLIT_MIN_WORK`` or with a single unit."""
+    return available if available > 1 and pairs > 1 and work >= PREFILL_SPLIT_MIN_WORK else 1
+
+
+def decode_threads(entries: int, available: int) -> int:
+    """Threads for one decode step of the one-call kernel over a state of ``entries`` (B*H*Dk*Dw) values:
+    ``available`` from ``DECODE_SPLIT_MIN_ENTRIES``, else 1 (the serial kernel)."""
+    return available if available > 1 and entries >= DECODE_SPLIT_MIN_ENTRIES else 1
