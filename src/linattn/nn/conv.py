@@ -95,8 +95,9 @@ class _CompiledConv(torch.autograd.Function):
         gwT = torch.empty(weight.shape[1], weight.shape[0], dtype=weight.dtype)
         off = ctx.offs.numpy() if ctx.offs is not None else _NO_OFFSETS
         xs_c, wT = ctx.arrays
+        gy = gy.resolve_neg().contiguous()  # autograd may hand a negative view, whose memory holds -gy
         ctx.kernel.backward(xs_c.numpy(), wT.numpy(), off,
-                            ctx.offs is not None, pre.numpy(), sig.numpy(), gy.contiguous().numpy(), gxs.numpy(),
+                            ctx.offs is not None, pre.numpy(), sig.numpy(), gy.numpy(), gxs.numpy(),
                             gwT.numpy())
         return gxs, gwT.t(), None, None
 
