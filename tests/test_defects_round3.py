@@ -150,3 +150,20 @@ def test_compiled_backward_reads_a_negative_gradient_as_values():
     w = torch.randn(B, T, H, DV, generator=torch.Generator().manual_seed(3))
     for got, want in zip(grads(neg_view(w)), grads(w), strict=True):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_convolution_backward_reads_a_negative_gradient_as_values():
+    """The nn layers' compiled short convolution: its incoming gradient may be a negative view (it once raised
+    "Can't call numpy() on Tensor that has negative bit set")."""
+    from linattn.nn import causal_conv
+    from linattn.nn.conv import conv_torch
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 9, 6, generator=gen, requires_grad=True)
+    w = torch.randn(6, 4, generator=gen, requires_grad=True)
+    gy = torch.randn(2, 9, 6, generator=gen)
+    y, _ = causal_conv(x, w)
+    got = torch.autograd.grad(y, (x, w), neg_view(gy))
+    want = torch.autograd.grad(conv_torch(torch.cat([x.new_zeros(2, 3, 6), x], dim=1), w, None), (x, w), gy)
+    for a, e in zip(got, want, strict=True):
+        assert torch.allclose(a, e, rtol=1e-5, atol=1e-6)

@@ -345,3 +345,25 @@ def test_committed_version_1_results_stay_readable():
     v2["schema"] = "linattn.mqar/2"  # a version 2 file must have the new controls
     with pytest.raises(ResultValidationError, match="near_duplicate"):
         validate(v2, load_schema("mqar"))
+
+
+@pytest.mark.parametrize("lr", ["inf", "1e30", "nan", "0", "-1e-3", "10.5"])
+def test_cli_rejects_an_absurd_learning_rate(lr):
+    """A non-finite, non-positive or absurd --lr is a usage error naming --lr (inf and 1e30 once trained to NaN
+    weights and were reported as a gate error)."""
+    res = CliRunner().invoke(mqar.command, [*SMALL, "--mixers", "gated_delta", "--no-latency", "--lr", lr])
+    assert res.exit_code == 2 and "Invalid value for '--lr'" in res.output and "learning rate in (0, 10]" in res.output
+    assert "g must be" not in res.output
+
+
+@pytest.mark.parametrize("mixer", ["delta", "gated_delta"])
+def test_divergence_is_reported_as_divergence(mixer, tmp_path, monkeypatch):
+    """A run whose loss or weights go non-finite stops with "training diverged", naming mixer, step and lr: for a
+    gated mixer the NaN weights once surfaced as the gate check's error. No result is written."""
+    with pytest.raises(Exception, match=rf"training diverged: mixer '{mixer}' .* with lr 1e\+30; try a smaller --lr"):
+        train(mixer, TrainConfig(**{**TINY, "lr": 1e30}, steps=6), progress=False)
+    monkeypatch.setattr(mqar, "MAX_LR", 1e31)  # let the CLI take the rate, to see how it reports the run
+    out = tmp_path / "d.json"
+    res = CliRunner().invoke(mqar.command, [*SMALL, "--mixers", mixer, "--no-latency", "--lr", "1e30", "-o", str(out)])
+    assert res.exit_code == 1 and f"Error: training diverged: mixer '{mixer}'" in res.output, res.output
+    assert "g must be" not in res.output and not out.exists()

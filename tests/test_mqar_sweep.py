@@ -234,8 +234,11 @@ def test_plateau_extension_end_to_end(tmp_path):
     assert read_result(tmp_path / "x.json", "mqar_sweep") == doc
 
 
-def test_diverged_run_stops_and_is_tested_on_its_weights():
-    run = sweep.train_run(TINY, Job("attention", 8, 16, 2, 1e30, 0))
+@pytest.mark.parametrize("mixer", ["attention", "gated_delta"])
+def test_diverged_run_stops_and_is_tested_on_its_weights(mixer):
+    """A gated mixer's non-finite weights make NaN gates, which its layers refuse: that too is divergence (once it
+    ended the sweep with the gate's error), and such weights recall nothing."""
+    run = sweep.train_run(TINY, Job(mixer, 8, 16, 2, 1e30, 0))
     assert run["stop_reason"] == "diverged" and 1 <= run["steps"] < 9
     assert run["best_step"] == 0 or run["best_step"] <= run["steps"]
     assert 0 <= run["test_accuracy"] <= 1

@@ -1,7 +1,15 @@
 """``linattn sp-bench``: the tool end to end on tiny shapes (bytes flat in T and within headers of the formula,
-the result valid), and its files: written only where a flag asks, an existing one refused with one line."""
+the result valid), and its files: written only where a flag asks, an existing one refused with one line; Ctrl-C
+stops it with one line."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -63,3 +71,51 @@ def test_an_existing_output_is_refused_with_one_line_before_measuring(measured, 
     res = CliRunner().invoke(sp_bench.command, ["--quick", "-o", str(out), "--plot", str(png), "--overwrite"])
     assert res.exit_code == 0, res.output
     assert read_result(out, "sp_bench") == measured[0] and png.stat().st_size > 0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the ranks' ids from /proc")
+@pytest.mark.parametrize("to", ["group", "parent"])
+def test_ctrl_c_prints_one_line_stops_the_ranks_and_writes_nothing(to, tmp_path):
+    """SIGINT to the process group (a terminal's Ctrl-C) or to the parent alone, while the ranks start up and
+    run: one "Aborted!", no rank tracebacks, every rank gone at once, no output file (once 40-81 lines of
+    tracebacks, and after a SIGINT to the parent the ranks ran on and died later with "Parent directory ... does
+    not exist")."""
+    out = tmp_path / "sp.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    args = ["sp-bench", "--ranks", "2", "--lengths", "65536", "--rules", "delta", "-o", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "linattn.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        kids = _children(proc.pid)
+        assert len(kids) >= 2, "the ranks did not start"
+        time.sleep(2.0)  # the ranks are importing torch or already measuring
+        (os.killpg if to == "group" else os.kill)(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 1
+    assert [line for line in err.splitlines() if line.strip()] == ["Aborted!"], err
+    deadline = time.monotonic() + 5  # multiprocessing's resource tracker leaves when it sees the parent gone
+    while [k for k in kids if _running(k)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [k for k in kids if _running(k)]
+    assert not out.exists()

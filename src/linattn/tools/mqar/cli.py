@@ -15,7 +15,7 @@ from click.core import ParameterSource
 from linattn.tools.harness import cli as hcli
 from linattn.tools.harness.results import read_result, write_result
 from linattn.tools.mqar import experiment, report
-from linattn.tools.mqar.train import MIXER_SPECS, TrainConfig
+from linattn.tools.mqar.train import MIXER_SPECS, Diverged, TrainConfig
 
 # What --quick changes where the option was left at its default.
 QUICK = {k: experiment.QUICK[k] for k in ("vocab_size", "seq_len", "train_pairs", "steps", "batch_size",
@@ -99,6 +99,15 @@ def _ints(ctx, param, value):
     return out
 
 
+MAX_LR = 10.0  # AdamW steps every weight by about lr: far beyond this a run can only diverge
+
+
+def _lr(ctx, param, value):
+    if not (0 < value <= MAX_LR):  # NaN fails this too
+        raise click.BadParameter(f"must be a learning rate in (0, {MAX_LR:g}], got {value!r}")
+    return value
+
+
 def _mixers(ctx, param, value):
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     bad = [n for n in names if n not in MIXER_SPECS]
@@ -129,7 +138,7 @@ FULL = experiment.FULL
 @click.option("--num-heads", type=click.IntRange(min=1), default=2)
 @click.option("--head-dim", type=click.IntRange(min=2), default=16,
               help="q/k/v width per head: the state of a linear layer is num_heads x head_dim x head_dim.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3)
+@click.option("--lr", type=float, default=3e-3, callback=_lr, help=f"Peak learning rate, in (0, {MAX_LR:g}].")
 @click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Wall-clock training budget per model (stops early; --resume continues).")
 @click.option("--eval-examples", type=click.IntRange(min=1), default=FULL["eval_examples"], help="Quick: 64.")
@@ -205,6 +214,8 @@ def command(ctx: click.Context, mixers, quick, vocab_size, seq_len, train_pairs,
                                  latency_repeats=(experiment.QUICK if quick else FULL)["latency_repeats"],
                                  budget_s=budget_s, checkpoint_dir=checkpoint_dir, resume=resume, threads=threads,
                                  with_controls=not no_controls, progress=not no_progress)
+        except Diverged as exc:  # not a usage error: the run itself went non-finite
+            raise click.ClickException(str(exc)) from None
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         doc["config"]["quick"] = quick

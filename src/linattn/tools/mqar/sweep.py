@@ -40,10 +40,11 @@ from linattn.tools.mqar.train import (
     MIXER_SPECS,
     TrainConfig,
     build_model,
-    loss_and_accuracy,
+    finite_weights,
     lr_at,
     model_inputs,
     state_floats,
+    step_loss,
     train_batch,
 )
 
@@ -221,7 +222,12 @@ def score(model: torch.nn.Module, batch: Batch, chunk: int = 64) -> tuple[float,
     """(mean cross-entropy, exact-match accuracy) over the query positions of ``batch``."""
     total, hits, count = 0.0, 0, 0
     for i in range(0, batch.inputs.shape[0], chunk):
-        logits, _ = model(torch.from_numpy(batch.inputs[i:i + chunk]))
+        try:
+            logits, _ = model(torch.from_numpy(batch.inputs[i:i + chunk]))
+        except ValueError:  # a diverged run's gated layers refuse the NaN gates its weights make: it recalls nothing
+            if finite_weights(model):
+                raise
+            return math.nan, 0.0
         t = torch.from_numpy(batch.targets[i:i + chunk])
         mask = t != IGNORE
         sel = logits[mask].double()
@@ -277,10 +283,11 @@ def train_run(cfg: SweepConfig, job: Job) -> dict[str, Any]:
         batch = train_batch(tc if mixed is None or step % 2 else mixed, step)
         for group in opt.param_groups:
             group["lr"] = lr_at(tc, step)
-        loss, _ = loss_and_accuracy(model, batch.inputs, batch.targets)
-        if not torch.isfinite(loss):
+        got = step_loss(model, batch.inputs, batch.targets)
+        if got is None:  # a non-finite loss, or weights gone non-finite (the forward refused their NaN gate)
             reason = "diverged"
             break
+        loss = got[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -196,12 +196,34 @@ def load_weights(path: Path, model: CausalLM, mixer: str, cfg: TrainConfig) -> i
     return int(meta["step"])
 
 
+class Diverged(ValueError):
+    """Training went non-finite (the loss, or the weights after a step): told apart from the errors that a
+    non-finite weight would raise further on (a NaN gate, say)."""
+
+
+def finite_weights(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def step_loss(model: CausalLM, inputs: np.ndarray, targets: np.ndarray) -> tuple[torch.Tensor, float] | None:
+    """:func:`loss_and_accuracy` for one training step, or None when training has diverged: the loss is not
+    finite, or the forward raised on non-finite weights (a linattn layer refuses the NaN gate they make)."""
+    try:
+        loss, acc = loss_and_accuracy(model, inputs, targets)
+    except ValueError:
+        if finite_weights(model):
+            raise
+        return None
+    return (loss, acc) if bool(torch.isfinite(loss)) else None
+
+
 def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resume: bool = False,
           budget_s: float | None = None, stop_at: int | None = None, checkpoint_every: int = 100,
           progress: bool = True) -> tuple[CausalLM, dict[str, Any]]:
     """Train one model for ``cfg.steps`` steps (fewer if ``budget_s`` seconds run out, or at ``stop_at``: a
     simulated interruption). With ``resume`` and an existing ``checkpoint`` training continues from it.
-    Returns (model, info) with info: steps done, stop reason, wall seconds, the loss/accuracy log."""
+    Returns (model, info) with info: steps done, stop reason, wall seconds, the loss/accuracy log. A run whose loss
+    or weights go non-finite raises :class:`Diverged`, naming the mixer, the step and the learning rate."""
     model = build_model(mixer, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     step, log, before_s = 0, [], 0.0
@@ -222,7 +244,11 @@ def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resum
             batch = train_batch(cfg, step)
             for group in opt.param_groups:
                 group["lr"] = lr_at(cfg, step)
-            loss, acc = loss_and_accuracy(model, batch.inputs, batch.targets)
+            got = step_loss(model, batch.inputs, batch.targets)
+            if got is None:
+                raise Diverged(f"training diverged: mixer {mixer!r} reached a non-finite loss or non-finite weights "
+                               f"at step {step + 1} with lr {cfg.lr:g}; try a smaller --lr")
+            loss, acc = got
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -234,6 +260,9 @@ def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resum
             if checkpoint is not None and step % checkpoint_every == 0:
                 save_checkpoint(Path(checkpoint), model, opt, step, log, ident,
                                 before_s + time.perf_counter() - start)
+    if not finite_weights(model):  # the last step's update: the evaluation would meet it
+        raise Diverged(f"training diverged: mixer {mixer!r} has non-finite weights after step {step} with lr "
+                       f"{cfg.lr:g}; try a smaller --lr")
     if stop_at is not None and step >= stop_at and step < cfg.steps:
         reason = "stopped"
     train_s = before_s + time.perf_counter() - start

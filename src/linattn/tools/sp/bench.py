@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 import socket
 import statistics
 import tempfile
@@ -155,6 +156,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stop(procs) -> None:
+    """End the ranks still running (SIGTERM: no traceback; SIGKILL after 10 s) and reap them."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def _spawn(cfg: SpConfig) -> list[list[dict]]:
     import torch.multiprocessing as mp
 
@@ -162,10 +175,21 @@ def _spawn(cfg: SpConfig) -> list[list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
         procs = [ctx.Process(target=_worker, args=(r, cfg.ranks, port, cfg, tmp)) for r in range(cfg.ranks)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(1800)
+        # The ranks start with SIGINT ignored (an ignored signal stays ignored across the spawn's exec, and Python
+        # then installs no KeyboardInterrupt): a Ctrl-C reaches the whole process group, and only this process
+        # answers it, by stopping the ranks before their directory goes; click prints one "Aborted!".
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
+            for p in procs:
+                p.join(1800)
+        except BaseException:  # KeyboardInterrupt, to the group or to this process alone
+            _stop(procs)
+            raise
         failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
         for p in procs:
             if p.is_alive():
