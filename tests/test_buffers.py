@@ -12,6 +12,7 @@ import torch
 
 import linattn
 from linattn import State, buffers
+from linattn.nn import causal_conv
 
 
 def rss_bytes() -> int:
@@ -132,3 +133,30 @@ def test_outputs_and_inputs_stay_resizable(rule, min_bytes, monkeypatch):
         torch.cat([o2, o2, o2], out=o.resize_(0))
         for t in (o, dec.state.S, *tok.values()):
             grown(t)
+
+
+@pytest.mark.parametrize("rule", ["gated", "gated_delta"])
+def test_gradients_of_the_compiled_backward_and_the_convolution_stay_resizable(rule):
+    """The compiled backward writes its gradients into torch's own tensors (not NumPy's), and so does the compiled
+    short convolution: every gradient grows with resize_, and equals the torch form's."""
+    gen = torch.Generator().manual_seed(1)
+    B, T, H, D = 2, 37, 3, 8
+    leaves = {n: torch.randn(B, T, H, D, generator=gen, requires_grad=True) for n in ("q", "k", "v")}
+    kw = {"g": (-torch.rand(B, T, H, generator=gen)).requires_grad_(True)}
+    if rule == "gated_delta":
+        kw["beta"] = torch.rand(B, T, H, generator=gen).requires_grad_(True)
+    inputs = [*leaves.values(), *kw.values()]
+    grads = {}
+    for backend in ("cpu", "torch"):
+        fmap = "elu1" if rule == "gated" else "l2"  # (l2 under a normalizer is ill-conditioned at float32)
+        o, _ = linattn.linear_attention(*leaves.values(), rule=rule, feature_map=fmap, backend=backend, **kw)
+        grads[backend] = torch.autograd.grad(o.square().sum(), inputs)
+    for got, want in zip(grads["cpu"], grads["torch"], strict=True):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+        grown(got)
+    x = torch.randn(2, 9, 6, generator=gen, requires_grad=True)
+    w = torch.randn(6, 4, generator=gen, requires_grad=True)
+    y, _ = causal_conv(x, w, backend="cpu")
+    for g in torch.autograd.grad(y.square().sum(), (x, w)):
+        grown(g)
+    grown(y)

@@ -243,12 +243,15 @@ class CompiledPrefill(torch.autograd.Function):
                else grad_S.resolve_neg().to(torch.float32).transpose(-1, -2).contiguous())
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
         threads = loop_threads(q.shape[0] * H * Dw * Dk, N * H)
-        dq, dk, dv, dg, dbeta = _numba.backward(
-            f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, buffers.array(dST), buffers.array(do),
-            scale=ctx.scale, every=ctx.every, threads=threads)
-        t = torch.from_numpy
-        return (t(dq), t(dk), t(dv), None if dg is None else t(dg), None if dbeta is None else t(dbeta),
-                dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None)
+        # torch's own tensors, written through views: the gradients stay resizable (torch.from_numpy's are not)
+        dq, dk, dv = (buffers.empty(tuple(x.shape)) for x in (q, k, v))
+        dg = None if g is None else torch.empty(g.shape, dtype=torch.float32)
+        dbeta = None if beta is None else torch.empty(beta.shape, dtype=torch.float32)
+        view = buffers.array
+        _numba.backward(f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, view(dST), view(do), view(dq),
+                        view(dk), view(dv), None if dg is None else view(dg), None if dbeta is None else view(dbeta),
+                        scale=ctx.scale, every=ctx.every, threads=threads)
+        return dq, dk, dv, dg, dbeta, dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None
 
 
 def exact_backward(ctx, grad_o, grad_S):

@@ -863,22 +863,19 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
     return ckpt if every > 0 else None
 
 
-def backward(q, k, v, g, beta, cu, ckpt, dST, do, *, scale: float, every: int, threads: int = 1):
-    """Gradients of an unnormalized :func:`prefill` run (q, k at the value heads): returns (dq, dk, dv, dg, dbeta),
-    dg and dbeta None without gate or beta; ``dST`` goes in as the final states' gradient and comes out as the
-    initial states'."""
-    N, H, Dw, Dk = dST.shape
-    T = q.shape[0]
+def backward(q, k, v, g, beta, cu, ckpt, dST, do, dq, dk, dv, dg, dbeta, *, scale: float, every: int,
+             threads: int = 1) -> None:
+    """Gradients of an unnormalized :func:`prefill` run (q, k at the value heads), written into ``dq, dk, dv`` (the
+    shapes of q, k, v), ``dg`` (g's, or None without a gate) and ``dbeta`` ([T, H], or None without beta); ``dST``
+    goes in as the final states' gradient and comes out as the initial states'."""
     gated, delta = g is not None, beta is not None
     per_channel = gated and g.shape[2] != 1
-    dq, dk, dv = (buffers.empty(x.shape).numpy() for x in (q, k, v))
-    dg = np.empty_like(g) if gated else _DUMMY3
-    dbeta = np.empty((T, H), dtype=np.float32) if delta else _DUMMY2
+    dg = _DUMMY3 if dg is None else dg
+    dbeta = _DUMMY2 if dbeta is None else dbeta
     ck_start, _ = checkpoint_starts(cu, every)
     args = (q, k, v, _DUMMY3 if g is None else g, _DUMMY2 if beta is None else beta, cu, ckpt, ck_start, every,
             dST, do, dq, dk, dv, dg, dbeta, scale, gated, delta, per_channel)
     launch(backward_parallel, backward_serial, args, threads)
-    return dq, dk, dv, (dg if gated else None), (dbeta if delta else None)
 
 
 _DUMMY4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
