@@ -3,6 +3,9 @@ download): 2-4 layers, mixed linear/attention where the family mixes them, width
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import pytest
 import torch
 
 V = 64  # vocabulary
@@ -69,6 +72,7 @@ def _configs(transformers):
 
 def make_model(transformers, model_type: str, dtype=torch.float64, seed: int = 0):
     """The tiny model in eval mode, its recurrent parameters varied per head (HF initializes some to one value)."""
+    modeling(model_type)  # skips where this transformers' file is not the one the patch knows
     cfg = _configs(transformers)[model_type]()
     if hasattr(cfg, "residual_in_fp32"):
         cfg.residual_in_fp32 = False
@@ -82,3 +86,34 @@ def make_model(transformers, model_type: str, dtype=torch.float64, seed: int = 0
             elif leaf == "A_log":
                 p.uniform_(-1, 1)
     return model
+
+
+def modeling(name: str):
+    """transformers' modeling module of ``name``, imported when a test first needs it (importing every family's at
+    collection took most of the suite's start-up); another transformers whose file differs skips the test."""
+    from linattn.integrations import transformers as lt
+
+    try:
+        return lt.modeling(name)
+    except RuntimeError as exc:  # another transformers: test_hf_patch checks the error itself
+        pytest.skip(str(exc))
+
+
+class Modeling(Mapping):
+    """Every model type of the patch -> its modeling module, each imported on first access."""
+
+    def __init__(self, names):
+        self.names, self.loaded = tuple(names), {}
+
+    def __getitem__(self, name):
+        if name not in self.names:
+            raise KeyError(name)
+        if name not in self.loaded:  # kept: a test may then change the module's functions
+            self.loaded[name] = modeling(name)
+        return self.loaded[name]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)

@@ -17,22 +17,20 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
+from hf_tiny import modeling  # noqa: E402
+
 from linattn import reference  # noqa: E402
 from linattn.integrations import transformers as lt  # noqa: E402
 
 torch.set_num_threads(1)
-try:
-    MAMBA = lt.modeling("mamba2")
-    KIMI = lt.modeling("kimi_linear")
-    QWEN = lt.modeling("qwen3_next")
-except RuntimeError as exc:  # another transformers: test_hf_patch checks the error
-    pytest.skip(str(exc), allow_module_level=True)
+MAMBA, KIMI, QWEN = "mamba2", "kimi_linear", "qwen3_next"  # model types; modules imported when a test needs one
 
 F64 = torch.float64
 
 
-def hf(module, name):
-    return inspect.unwrap(lt.original(module, name))
+def hf(model_type, name):
+    """HF's own (undecorated) function ``name`` of ``model_type``'s modeling file."""
+    return inspect.unwrap(lt.original(modeling(model_type), name))
 
 
 def rel(a, b):
@@ -174,7 +172,7 @@ def test_mamba2_decode_step_with_per_channel_values_takes_hf_code():
     gen = torch.Generator().manual_seed(7)
     x, dt, A, Bm, Cm, D, dt_bias, _ = decode_args(gen)
     dt = dt + torch.randn(dt.shape, generator=gen, dtype=F64)
-    fb = lt.original(MAMBA, "mamba2_selective_state_update")
+    fb = lt.original(modeling(MAMBA), "mamba2_selective_state_update")
     s1, s2 = (torch.randn(2, 4, 3, 5, generator=gen, dtype=F64),) * 2
     s1, s2 = s1.clone(), s2.clone()
     y = lt.mamba2_selective_state_update(s1, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, dt_softplus=True, fallback=fb)
