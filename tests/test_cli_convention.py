@@ -124,13 +124,13 @@ def test_one_thread_default_rule_for_every_tool(monkeypatch):
 
 
 def test_messages_format_no_raw_lists():
-    """Messages join names with ", " instead of printing a Python list (``['a', 'b']``) or tuple."""
+    """Messages (core and tools) join names with ", " instead of printing a Python list (``['a', 'b']``) or tuple."""
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "src" / "linattn"
     raw = re.compile(r"\{(?:list|sorted|tuple)\((?!.*\.shape)[^{}]*\)\}|\{\[[^{}]*\]\}")
-    files = [*root.joinpath("tools").rglob("*.py"), root / "cli.py", root / "memory.py"]
+    files = list(root.rglob("*.py"))  # the core and the tools
     hits = [f"{p.name}:{i}" for p in files if p.exists()
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if raw.search(line)]
     assert hits == []

@@ -97,7 +97,7 @@ def test_ctrl_c_prints_one_line_stops_the_ranks_and_writes_nothing(to, tmp_path)
     out = tmp_path / "sp.json"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     args = ["sp-bench", "--ranks", "2", "--lengths", "65536", "--rules", "delta", "-o", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "linattn.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "linattn.tools.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 60

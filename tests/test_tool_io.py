@@ -312,7 +312,7 @@ def test_perf_warns_about_missing_peers_before_measuring(monkeypatch):
         raise RuntimeError("stop after the start")
 
     monkeypatch.setattr(perf, "run", measured)
-    res = CliRunner().invoke(cli_main, ["perf", "--quick", "--only", "fwd/accumulate"])
+    res = CliRunner().invoke(cli_main, ["perf", "--only", "fwd/accumulate"])  # (--quick says it in its summary)
     assert calls == [1]  # the warning came first, then the run began
     assert "warning: no peer is installed (fla.nothing_here)" in res.stderr
     assert 'pip install -c constraints.txt ".[peers]"' in res.stderr

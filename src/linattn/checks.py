@@ -28,22 +28,22 @@ RULE_MODULES: dict[str, ModuleType] = {
 
 def rule_module(rule: object) -> ModuleType:
     if not isinstance(rule, str):
-        raise TypeError(f"rule must be a str, one of {list(RULES)}; got {type(rule).__name__}")
+        raise TypeError(f"rule must be a str, one of {', '.join(RULES)}; got {type(rule).__name__}")
     if rule not in RULES:
-        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(RULES)}")
+        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {', '.join(RULES)}")
     return RULE_MODULES[rule]
 
 
 def check_form(mod: ModuleType, rule: str, form: object) -> None:
     if not isinstance(form, str):
-        raise TypeError(f"form must be a str, one of {list(mod.FORMS)}; got {type(form).__name__}")
+        raise TypeError(f"form must be a str, one of {', '.join(mod.FORMS)}; got {type(form).__name__}")
     if form not in mod.FORMS:
-        raise ValueError(f"form: rule {rule!r} has no form {form!r}; supported forms: {list(mod.FORMS)}")
+        raise ValueError(f"form: rule {rule!r} has no form {form!r}; supported forms: {', '.join(mod.FORMS)}")
 
 
 def check_backend(backend: object) -> str:
     if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {list(BACKENDS)}")
+        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     return backend
 
 
@@ -211,9 +211,9 @@ def check_scalars(eps: object, eps_mode: object, scale: object) -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (eps >= 0 and _finite(eps)):
         raise ValueError(f"eps must be a number >= 0 and finite, got {eps!r}")
     if not isinstance(eps_mode, str):
-        raise TypeError(f"eps_mode must be a str, one of {list(EPS_MODES)}; got {type(eps_mode).__name__}")
+        raise TypeError(f"eps_mode must be a str, one of {', '.join(EPS_MODES)}; got {type(eps_mode).__name__}")
     if eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {list(EPS_MODES)}")
+        raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {', '.join(EPS_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if scale is not None and not _finite(scale):

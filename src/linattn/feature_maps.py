@@ -72,7 +72,8 @@ def resolve_feature_map(feature_map: str | FeatureMap | None) -> FeatureMap | No
         return feature_map
     if isinstance(feature_map, str):
         if feature_map not in FEATURE_MAPS:
-            raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of {sorted(FEATURE_MAPS)}")
+            raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of "
+                             f"{', '.join(sorted(FEATURE_MAPS))}")
         return FEATURE_MAPS[feature_map]
     raise TypeError(f"feature_map must be None, a name or a callable, got {type(feature_map).__name__}")
 

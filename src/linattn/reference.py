@@ -140,7 +140,8 @@ def _resolve_feature_map(feature_map: str | NumpyFeatureMap | None) -> NumpyFeat
         return feature_map
     if isinstance(feature_map, str):
         if feature_map not in FEATURE_MAPS:
-            raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of {sorted(FEATURE_MAPS)}")
+            raise ValueError(f"feature_map: unknown name {feature_map!r}; expected one of "
+                             f"{', '.join(sorted(FEATURE_MAPS))}")
         return FEATURE_MAPS[feature_map]
     raise TypeError(f"feature_map must be None, a name or a callable, got {type(feature_map).__name__}")
 
@@ -167,11 +168,11 @@ def _check_inputs(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _check_options(rule, normalize, eps, eps_mode, scale) -> bool:
     if not isinstance(rule, str) or rule not in RULES:
-        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(RULES)}")
+        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {', '.join(RULES)}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"eps must be a number >= 0, got {eps!r}")
     if eps_mode not in EPS_MODES:
-        raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {list(EPS_MODES)}")
+        raise ValueError(f"eps_mode: unknown mode {eps_mode!r}; expected one of {', '.join(EPS_MODES)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if normalize is None:

@@ -107,7 +107,7 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
     if state.dtype != torch.float32:
         return f"it keeps a float32 state, got state dtype {state.dtype}"
     if any(t is not None and t.dtype not in INPUT_DTYPES for t in tensors):
-        return f"it takes {[str(d) for d in INPUT_DTYPES]} inputs"
+        return f"it takes {', '.join(str(d).removeprefix('torch.') for d in INPUT_DTYPES)} inputs"
     return None
 
 

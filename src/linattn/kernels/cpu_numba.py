@@ -833,7 +833,8 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
         raise ValueError("normalize: the delta rules keep no normalizer")
     per_channel = gated and g.shape[2] != 1
     if fmap not in FEATURE_CODES:
-        raise ValueError(f"fmap: the kernel applies {sorted(m for m in FEATURE_CODES if m)} or None, got {fmap!r}")
+        raise ValueError(f"fmap: the kernel applies {', '.join(sorted(m for m in FEATURE_CODES if m))} or None, "
+                         f"got {fmap!r}")
     fcode = FEATURE_CODES[fmap]
     G = np.exp(g) if gated else _DUMMY3  # exp(-inf) = 0: an exact reset
     beta = _DUMMY2 if beta is None else beta

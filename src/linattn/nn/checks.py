@@ -49,7 +49,7 @@ def check_range(name: str, value: object) -> tuple[float, float]:
         raise TypeError(f"{name} must be a (low, high) pair of numbers, got {type(value).__name__} {value!r}")
     lo, hi = (check_positive_number(name, v) for v in value)
     if lo > hi:
-        raise ValueError(f"{name} must have low <= high, got {tuple(value)}")
+        raise ValueError(f"{name} must have low <= high, got ({', '.join(map(str, value))})")
     return lo, hi
 
 
@@ -95,8 +95,8 @@ def check_cache_tensor(name: str, x: object, shape: tuple[int, ...], layout: str
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(
-            f"{name} must be {layout} = {list(shape)} for this input and module, got {tuple(x.shape)} (a cache "
-            "from another module or batch?)"
+            f"{name} must be {layout} = [{', '.join(map(str, shape))}] for this input and module, got "
+            f"[{', '.join(map(str, x.shape))}] (a cache from another module or batch?)"
         )
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")

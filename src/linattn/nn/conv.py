@@ -44,7 +44,7 @@ def causal_conv(x, weight, history=None, cu_seqlens=None, *, bias=None, activati
         ``(y [B, T, C], the new history [B, K-1, C]: the last K-1 inputs)``.
     """
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+        raise ValueError(f"activation must be \"silu\" or None, got {activation!r}")
     B, T, C = x.shape
     K = weight.shape[-1]
     if history is None:

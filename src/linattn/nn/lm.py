@@ -28,7 +28,7 @@ def hybrid_pattern(num_layers: int, rule: str = "gated_delta", attention_every: 
     check_int("num_layers", num_layers)
     check_int("attention_every", attention_every)
     if not isinstance(rule, str) or rule not in linattn.RULES:
-        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {list(linattn.RULES)}")
+        raise ValueError(f"rule: unknown rule {rule!r}; expected one of {', '.join(linattn.RULES)}")
     return ["attention" if (i + 1) % attention_every == 0 else rule for i in range(num_layers)]
 
 
@@ -115,7 +115,7 @@ class CausalLM(nn.Module):
             raise ValueError(f"mixers: {len(names)} names for num_layers = {num_layers}")
         for name in names:
             if not isinstance(name, str) or name not in MIXERS:
-                raise ValueError(f"mixers: unknown mixer {name!r}; expected one of {list(MIXERS)}")
+                raise ValueError(f"mixers: unknown mixer {name!r}; expected one of {', '.join(MIXERS)}")
         self.mixers = names
         self.vocab_size = vocab_size
         linear_kwargs["backend"] = backend

@@ -141,10 +141,10 @@ def modeling(name: str, missing_ok: bool = False):
 
 def _models(models) -> tuple[str, ...]:
     if not isinstance(models, (tuple, list)) or not all(isinstance(name, str) for name in models):
-        raise TypeError(f"models must be a tuple of model types, some of {list(MODELS)}; got {models!r}")
+        raise TypeError(f"models must be a tuple of model types, some of {', '.join(MODELS)}; got {models!r}")
     for name in models:  # every name checked before anything is patched
         if name not in FAMILY_OF:
-            raise ValueError(f"models: unknown model type {name!r}; expected some of {list(MODELS)}")
+            raise ValueError(f"models: unknown model type {name!r}; expected some of {', '.join(MODELS)}")
     return tuple(models)
 
 
@@ -179,7 +179,7 @@ def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str 
     for name in _models(models):
         if name not in GATED_DELTA_MODELS:
             raise ValueError(f"models: {name!r} is not a Gated DeltaNet model; expected some of "
-                             f"{list(GATED_DELTA_MODELS)} (patch() takes every family)")
+                             f"{', '.join(GATED_DELTA_MODELS)} (patch() takes every family)")
     return patch(models, backend=backend)
 
 

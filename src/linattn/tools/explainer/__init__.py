@@ -28,7 +28,7 @@ def lab_source() -> str:
 def build_page(lang: str = "en") -> str:
     """The whole page as one HTML string; ``lang`` ("en" or "zh") is the language it opens in (``?lang=`` wins)."""
     if lang not in LANGS:
-        raise ValueError(f"lang: unknown language {lang!r}; expected one of {list(LANGS)}")
+        raise ValueError(f"lang: unknown language {lang!r}; expected one of {', '.join(LANGS)}")
     from linattn.tools.explainer.scenes import build_data
 
     data = build_data()
