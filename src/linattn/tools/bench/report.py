@@ -455,7 +455,7 @@ def _bytes_guides(ax_b, docs: Sequence[dict[str, Any]]) -> None:
     for state in sorted(states):
         ax_b.plot(xs, np.full_like(xs, state), ls="--", color="gray", lw=0.5)
     for k, (Lb, runs) in enumerate(sorted(marks.items())):
-        who = f"{', '.join(map(str, sorted(set(runs))))} " if many else ""
+        who = f"[{', '.join(map(str, sorted(set(runs))))}] " if many else ""  # the runs' [n] markers, as in the title
         _mark(ax_b, Lb, f"{who}bytes equal at L={Lb:,.0f}", ls=":", fontsize=8, y=0.97 - 0.25 * (k % 3))
 
 
