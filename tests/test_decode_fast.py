@@ -406,13 +406,40 @@ def test_batch_decode_on_two_threads_stays_serial(calls, monkeypatch, rule, gate
         assert calls == [] and launched == [1]  # the serial token loop
 
 
+def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
+    """With the thresholds set to 0 (a machine where the parallel step pays) the step splits its sequences over
+    two threads (the one-call kernel on each part) and stays right."""
+    import numba
+
+    from linattn.kernels import cpu_numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    monkeypatch.setattr(policy, "DECODE_SPLIT_MIN_ENTRIES", 0)
+    launched = _launches(monkeypatch)
+    parts = []
+    real_on_threads = cpu_numba.on_threads
+    monkeypatch.setattr(cpu_numba, "on_threads",
+                        lambda fn, count, n: parts.append((count, n)) or real_on_threads(fn, count, n))
+    q, k, v, kw = inputs("gated_delta", B=3, T=6, H=4, D=9, Dv=5)
+    k = F.normalize(k, dim=-1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        o, state = decode(q, k, v, kw, rule="gated_delta")
+    finally:
+        torch.set_num_threads(threads)
+    check_against_reference(q, k, v, kw, o, state, rule="gated_delta")
+    assert launched == [] and parts == [(3, 2)] * 3  # three steps, each its 3 sequences on 2 threads
+    assert sorted(c[8] for c in calls) == [1, 1, 1, 2, 2, 2]  # each part one call of the kernel: 1 and 2 sequences
+
+
 def test_token_loop_decode_stays_serial_and_its_split_build_matches(calls, monkeypatch):
     """The general token loop's decode step (cases the one-call kernel does not take) runs serially at any thread
     count and any size, as the policy says (its split was measured slower); its parallel build, called directly
     on two threads, gives the serial build's step bit for bit."""
     import numba
 
-    from linattn.backends import policy
     from linattn.kernels import cpu_numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
@@ -512,9 +539,9 @@ def test_state_zeros_of_the_wrong_shape_still_names_the_state(calls):
                                             ("gated_delta", "head", "l2")])
 @pytest.mark.parametrize("inplace", [True, False], ids=["inplace", "copy"])
 def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, inplace):
-    """The parallel build of the one-call kernel (heads split over two threads, taken from
-    ``policy.DECODE_SPLIT_MIN_ENTRIES`` state entries) gives the serial kernel's outputs and states bit for bit, for
-    step and Decoder, grouped value heads, both layouts of the result; and the reference's."""
+    """The split one-call kernel (sequences over two threads, taken from ``policy.DECODE_SPLIT_MIN_ENTRIES``
+    state entries) gives the serial kernel's outputs and states bit for bit, for step and Decoder, grouped value heads,
+    both layouts of the result; and the reference's."""
     import numba
 
     if numba.config.NUMBA_NUM_THREADS < 2:
@@ -548,7 +575,7 @@ def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, in
 @pytest.mark.parametrize("Dv,split", [(2047, False), (2048, True)], ids=["below", "at"])
 @pytest.mark.parametrize("threads", [2, 5])
 def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads):
-    """With the default threshold a step at more than one thread splits its heads exactly from
+    """With the default threshold a step at more than one thread splits its sequences exactly from
     ``policy.DECODE_SPLIT_MIN_ENTRIES`` state entries (here 2 sequences of one 4,096 x Dv head, unnormalized), on
     no more threads than numba has (a torch thread count above it is capped, not an error), and gives the serial
     kernel's result bit for bit. One group (B = Hq = 1) never splits."""
@@ -560,8 +587,8 @@ def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads)
         pytest.skip("numba has one thread")
     assert 2 * 4096 * 2048 == policy.DECODE_SPLIT_MIN_ENTRIES
     seen = []
-    real = cpu_numba.launch
-    monkeypatch.setattr(cpu_numba, "launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
+    real = cpu_numba.on_threads
+    monkeypatch.setattr(cpu_numba, "on_threads", lambda fn, count, n: seen.append(n) or real(fn, count, n))
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 4096, generator=gen), F.normalize(torch.randn(2, 1, 4096, generator=gen), dim=-1)
     v, beta = torch.randn(2, 1, Dv, generator=gen), torch.rand(2, 1, generator=gen)
@@ -583,3 +610,36 @@ def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads)
     qk = torch.dot(q[0, 0], k[0, 0])  # from a zero state: S = k (beta v)^T, o = S^T q / sqrt(D)
     assert torch.allclose(o_one[0, 0], qk * beta[0, 0] * torch.ones(4096) / 4096**0.5, rtol=1e-4, atol=1e-6)
     assert torch.allclose(st_one.S[0, 0], torch.outer(k[0, 0], beta[0, 0] * torch.ones(4096)))
+
+
+def test_split_decode_with_a_bad_gate_writes_nothing(monkeypatch):
+    """A positive log-gate in the last sequence of a split step: no part writes (all gates are checked before any
+    thread starts), and the step raises the full path's error naming g."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("numba has one thread")
+    monkeypatch.setattr(policy, "DECODE_SPLIT_MIN_ENTRIES", 0)
+    gen = torch.Generator().manual_seed(3)
+    B, H, D = 3, 2, 8
+    q, k, v = (torch.randn(B, H, D, generator=gen) for _ in range(3))
+    g = -torch.rand(B, H, generator=gen)
+    g[2, 1] = 0.5
+    state = State(torch.randn(B, H, D, D, generator=gen), torch.rand(B, H, D, generator=gen))
+    S0, z0 = state.S.clone(), state.z.clone()
+    buf = torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1).contiguous()  # the kernel's [S | z] layout
+    buf0, o, g1 = buf.clone(), torch.zeros_like(v), g.unsqueeze(-1).contiguous()
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g1.data_ptr(), q.data_ptr(), buf.data_ptr(), buf.data_ptr(),
+            o.data_ptr(), B, H, H, D, D, 1, cpu_decode.FEATURE_CODES["elu1"], 0, 1, 0, D**-0.5, 1e-6)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert cpu_decode.decode_split(2, *args) == cpu_decode.BAD_GATE
+        assert torch.equal(buf, buf0) and not o.any()
+        with pytest.raises(ValueError, match="g"):
+            linattn.step(q, k, v, state, rule="gated", g=g, feature_map="elu1", inplace=True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(state.S, S0) and torch.equal(state.z, z0)
+    g1[2, 1] = -0.1  # every gate fine: the split call writes
+    assert cpu_decode.decode_split(2, *args) == cpu_decode.OK and not torch.equal(buf, buf0) and o.all()

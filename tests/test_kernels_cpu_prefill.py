@@ -571,3 +571,26 @@ def test_prefill_kernel_refuses_mixed_input_dtypes():
     with pytest.raises(ValueError, match="q, k, v must all be float32 or all int16"):
         cpu_numba.prefill(x, x, x.astype(np.int16), None, None, np.array([0, 3]), ST, x.copy(), scale=1.0, eps=0.0,
                           clamp=False, normalize=False)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork")
+def test_on_threads_works_in_a_forked_child():
+    """A child forked after the pool started has none of its threads: it makes its own instead of waiting forever."""
+    import os
+
+    from linattn.kernels import cpu_numba
+
+    seen = []
+    cpu_numba.on_threads(lambda lo, hi: seen.append(hi - lo), 4, 2)  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if both parts ran (and SIGALRM instead of waiting forever)
+        import signal
+
+        signal.alarm(20)
+        got = []
+        try:
+            cpu_numba.on_threads(lambda lo, hi: got.append(hi - lo), 4, 2)
+        finally:
+            os._exit(0 if sorted(got) == [2, 2] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and sorted(seen) == [2, 2]

@@ -322,8 +322,9 @@ def test_quick_summary_is_short_and_judges_nothing(doc):
     text = report.render_quick(quick)
     lines = text.splitlines()
     assert lines[0].startswith("linattn perf --quick:") and "mean nothing" in lines[0]
-    assert sum("not installed" in line for line in lines) == 1  # one line for the missing peers, not one per case
-    assert "peers not installed: test.missing (pip install" in text
+    assert not any("not installed" in line for line in lines)  # named once by the command, before measuring
+    assert lines[-1].endswith(", 2 cases of peers left out (test.missing).")  # one case at each thread count
+    assert "test.missing/" not in text
     assert "target" not in text.replace("judge no target", "") and "met" not in text.split()
     run = doc["runs"][0]
     ms = {c["name"]: c["median_ms"] for c in run["cases"]}
@@ -346,3 +347,18 @@ def test_quick_runs_one_thread_count_by_the_tools_rule_and_no_targets(monkeypatc
     assert [r["threads"] for r in saved["runs"]] == [1]  # a small machine: one thread
     assert saved["runs"][0]["targets"] == [] and saved["scaling_targets"] == []
     assert res.output.startswith("linattn perf --quick:") and "decode/accumulate/linattn.cpu/B1" in res.output
+
+
+def test_quick_names_missing_peers_once(monkeypatch):
+    from linattn.tools.perf import cpu
+
+    missing = pp.Peer("test.absent", "linattn_no_such_module_xyz", "f", "delta", "chunk", _recurrent_as_peer,
+                      "no-such-dist")
+    monkeypatch.setattr(pp, "PEERS", (missing,))
+    real_build = cpu.build_cases
+    monkeypatch.setattr(cpu, "build_cases", lambda cfg, peers=None: real_build(cfg, (missing,)))
+    res = CliRunner().invoke(perf_cli.command, ["--quick", "--only", "fwd/delta/", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    text = res.stderr + res.stdout
+    assert sum("test.absent" in line for line in text.splitlines()) == 2  # the warning and the count line
+    assert sum("installed" in line for line in text.splitlines()) == 1  # one line says they are missing

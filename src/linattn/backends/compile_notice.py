@@ -15,7 +15,7 @@ import threading
 from numba.core import event
 
 # What a first run typically waits, measured on a 2-core AMD EPYC (benchmarks/results/cold_start_cpu.txt).
-TYPICAL = "about 30-40 s on 2 cores"
+TYPICAL = "about 30-60 s on 2 cores"
 MESSAGE = ("linattn: compiling the CPU kernels for first use ({kernel}; {typical}, once: numba caches them on "
            "disk for later runs)")
 

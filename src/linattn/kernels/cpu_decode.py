@@ -25,6 +25,8 @@ are checked here, before anything is written, because reading them costs a torch
 
 from __future__ import annotations
 
+import ctypes
+
 import numba
 import numpy as np
 from numba import types
@@ -139,73 +141,6 @@ _sweep_read2_jit = numba.njit(**_INLINE)(_sweep_read2)
 _sweep_write_jit = numba.njit(**_INLINE)(_sweep_write)
 
 
-def _group(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp, code, sc,
-           ep, in_place, qf, kf, qa, ga, w, r, p):
-    """Query/key head ``hq`` of sequence ``b`` and the value heads it serves, through one token (the body of
-    :func:`_decode`, inlined into its serial and its parallel build; ``qf`` ... ``p`` are scratch vectors; fewer
-    than 30 arguments, or CPython passes them as one tuple, which numba cannot inline)."""
-    HV, D, Dw = S.shape[1], S.shape[2], S.shape[3]
-    Dv = v.shape[2]
-    group = HV // q.shape[1]
-    features_jit(q[b, hq], qf, code)
-    features_jit(k[b, hq], kf, code)
-    qk = np.float32(0.0)
-    for i in range(D):
-        qk += qf[i] * kf[i]
-    for h in range(hq * group, (hq + 1) * group):
-        a = np.float32(1.0)
-        if per_channel:  # diag(a) S: the read S_new^T q becomes S^T (a * q), the gate rides on q
-            for i in range(D):
-                ga[i] = exp32_jit(g[b, h, i])
-                qa[i] = qf[i] * ga[i]
-        else:
-            if gated:
-                a = exp32_jit(g[b, h, 0])
-            for i in range(D):
-                ga[i] = a
-                qa[i] = qf[i]
-        for j in range(Dv):
-            w[j] = v[b, h, j]
-        if normalize:
-            w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
-        if delta:  # u = beta (v - a S^T k), S <- a S + k u^T, o = a S^T q + (q.k) u
-            _sweep_read2_jit(S[b, h], kf, qf, p, r)
-            bt = beta[b, h]
-            for j in range(Dw):
-                w[j] = bt * (w[j] - a * p[j])
-            if in_place:  # the head is still in L1 from the read
-                _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
-            else:
-                _sweep_write_jit(S[b, h], S_new[b, h], ga, kf, w)
-        else:  # o = S_new^T q = S^T (a q) + (q.k) w
-            head = ((b * HV + h) * D * Dw) * 4
-            at, to = S_at + head, out_at + head
-            # the usual head sizes with the normalizer column, widths as constants (see the sweep)
-            # (in place, the same variable twice: LLVM then sees one array, not two that might overlap)
-            if D == 64 and Dw == 65 and in_place:
-                _sweep_write_read4_jit(at, at, 64, 65, qa, kf, ga, w, r)
-            elif D == 64 and Dw == 65:
-                _sweep_write_read4_jit(at, to, 64, 65, qa, kf, ga, w, r)
-            elif D == 128 and Dw == 129 and in_place:
-                _sweep_write_read4_jit(at, at, 128, 129, qa, kf, ga, w, r)
-            elif D == 128 and Dw == 129:
-                _sweep_write_read4_jit(at, to, 128, 129, qa, kf, ga, w, r)
-            elif in_place:
-                _sweep_write_read_jit(S[b, h], S[b, h], qa, kf, ga, w, r)
-            else:
-                _sweep_write_read_jit(S[b, h], S_new[b, h], qa, kf, ga, w, r)
-        ra = np.float32(1.0) if per_channel else a
-        if normalize:
-            den = sc * (ra * r[Dv] + qk)
-            den = max(den, ep) if clamp else den + ep
-            for j in range(Dv):
-                o[b, h, j] = sc * (ra * r[j] + qk * w[j]) / den
-        else:
-            for j in range(Dv):
-                o[b, h, j] = sc * (ra * r[j] + qk * w[j])
-
-
-_group_jit = numba.njit(**_INLINE)(_group)
 
 
 def _arrays(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, normalize, delta):
@@ -261,37 +196,65 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     w = np.empty(Dw, dtype=np.float32)
     r = np.empty(Dw, dtype=np.float32)
     p = np.empty(Dw, dtype=np.float32)
+    group = HV // Hq
     for b in range(B):
-        for hq in range(Hq):
-            _group_jit(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp,
-                       code, sc, ep, in_place, qf, kf, qa, ga, w, r, p)
-    return OK
-
-
-def _decode_split(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
-                  normalize, delta, scale, eps):
-    """:func:`_decode` with its (sequence, query/key head) groups split over threads (``prange``), for states
-    large enough to pay for waking them."""
-    q, k, v, g, beta, S, S_new, o = _arrays_jit(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D,
-                                                Dv, gate_width, normalize, delta)
-    gated, per_channel, in_place = gate_width > 0, gate_width > 1, out_at == S_at
-    if gated and _bad_gates_jit(g):
-        return BAD_GATE
-    sc, ep = np.float32(scale), np.float32(eps)
-    Dw = S.shape[3]
-    for bh in numba.prange(B * Hq):
-        b = bh // Hq
-        hq = bh - b * Hq
-        # Written out in the prange body, where numba's allocation hoisting sees them (one set per thread)
-        qf = np.empty(D, dtype=np.float32)
-        kf = np.empty(D, dtype=np.float32)
-        qa = np.empty(D, dtype=np.float32)
-        ga = np.empty(D, dtype=np.float32)
-        w = np.empty(Dw, dtype=np.float32)
-        r = np.empty(Dw, dtype=np.float32)
-        p = np.empty(Dw, dtype=np.float32)
-        _group_jit(q, k, v, g, beta, S, S_new, o, S_at, out_at, b, hq, gated, per_channel, delta, normalize, clamp,
-                   code, sc, ep, in_place, qf, kf, qa, ga, w, r, p)
+        for hq in range(Hq):  # query/key head hq of sequence b and the value heads it serves, through one token
+            features_jit(q[b, hq], qf, code)
+            features_jit(k[b, hq], kf, code)
+            qk = np.float32(0.0)
+            for i in range(D):
+                qk += qf[i] * kf[i]
+            for h in range(hq * group, (hq + 1) * group):
+                a = np.float32(1.0)
+                if per_channel:  # diag(a) S: the read S_new^T q becomes S^T (a * q), the gate rides on q
+                    for i in range(D):
+                        ga[i] = exp32_jit(g[b, h, i])
+                        qa[i] = qf[i] * ga[i]
+                else:
+                    if gated:
+                        a = exp32_jit(g[b, h, 0])
+                    for i in range(D):
+                        ga[i] = a
+                        qa[i] = qf[i]
+                for j in range(Dv):
+                    w[j] = v[b, h, j]
+                if normalize:
+                    w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
+                if delta:  # u = beta (v - a S^T k), S <- a S + k u^T, o = a S^T q + (q.k) u
+                    _sweep_read2_jit(S[b, h], kf, qf, p, r)
+                    bt = beta[b, h]
+                    for j in range(Dw):
+                        w[j] = bt * (w[j] - a * p[j])
+                    if in_place:  # the head is still in L1 from the read
+                        _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
+                    else:
+                        _sweep_write_jit(S[b, h], S_new[b, h], ga, kf, w)
+                else:  # o = S_new^T q = S^T (a q) + (q.k) w
+                    head = ((b * HV + h) * D * Dw) * 4
+                    at, to = S_at + head, out_at + head
+                    # the usual head sizes with the normalizer column, widths as constants (see the sweep)
+                    # (in place, the same variable twice: LLVM then sees one array, not two that might overlap)
+                    if D == 64 and Dw == 65 and in_place:
+                        _sweep_write_read4_jit(at, at, 64, 65, qa, kf, ga, w, r)
+                    elif D == 64 and Dw == 65:
+                        _sweep_write_read4_jit(at, to, 64, 65, qa, kf, ga, w, r)
+                    elif D == 128 and Dw == 129 and in_place:
+                        _sweep_write_read4_jit(at, at, 128, 129, qa, kf, ga, w, r)
+                    elif D == 128 and Dw == 129:
+                        _sweep_write_read4_jit(at, to, 128, 129, qa, kf, ga, w, r)
+                    elif in_place:
+                        _sweep_write_read_jit(S[b, h], S[b, h], qa, kf, ga, w, r)
+                    else:
+                        _sweep_write_read_jit(S[b, h], S_new[b, h], qa, kf, ga, w, r)
+                ra = np.float32(1.0) if per_channel else a
+                if normalize:
+                    den = sc * (ra * r[Dv] + qk)
+                    den = max(den, ep) if clamp else den + ep
+                    for j in range(Dv):
+                        o[b, h, j] = sc * (ra * r[j] + qk * w[j]) / den
+                else:
+                    for j in range(Dv):
+                        o[b, h, j] = sc * (ra * r[j] + qk * w[j])
     return OK
 
 
@@ -302,11 +265,42 @@ _dispatcher = numba.njit(_SIGNATURE, **_FLAGS)(_decode)
 # overload for 20 arguments as the kernel of a small state takes (measured 1.7 of 2.9 us). The caller passes
 # Python ints and floats only, in this order; anything else is a TypeError from the wrapper.
 decode = getattr(_dispatcher.overloads.get(_dispatcher.signatures[0]), "entry_point", None) or _dispatcher
-_split = numba.njit(parallel=True, **_FLAGS)(_decode_split)  # compiled on its first call
 
 
 def decode_split(threads: int, *args) -> int:
-    """:data:`decode` with its (sequence, query/key head) groups split over up to ``threads`` threads (no more than
-    there are groups, or than numba has); same arguments after the thread count, same return."""
-    groups = args[8] * args[9]  # B * Hq
-    return cpu_numba.launch(_split, decode, args, min(threads, groups, numba.config.NUMBA_NUM_THREADS))
+    """:data:`decode` with its sequences (or, for one sequence, its query/key heads) split over up to ``threads``
+    threads (no more than there are, or than numba has); same arguments after the thread count, same return.
+
+    Each thread runs the one serial build on its own slice of the batch (or heads), given as address offsets: no
+    parallel build to compile. The gates are all checked here first, so a bad one still leaves nothing written.
+    """
+    (q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp, normalize,
+     delta, scale, eps) = args
+    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width):
+        return BAD_GATE
+    Dw = Dv + 1 if normalize else Dv
+    group = HV // Hq
+    if B > 1:  # bytes per sequence of q/k, v/o, g, beta and the state; parts of the batch
+        qs, vs, gs, bs, ss, count = Hq * D * 4, HV * Dv * 4, HV * gate_width * 4, HV * 4, HV * D * Dw * 4, B
+    else:  # bytes per query/key head (and the value heads it serves); parts of the heads
+        qs, vs, gs, bs, ss, count = D * 4, group * Dv * 4, group * gate_width * 4, group * 4, group * D * Dw * 4, Hq
+    status = [OK]
+
+    def part(lo: int, hi: int) -> None:
+        n = hi - lo
+        shape = (n, Hq, n * group) if B > 1 else (1, n, n * group)
+        res = decode(q_at + lo * qs, k_at + lo * qs, v_at + lo * vs, g_at + lo * gs if gate_width > 0 else g_at,
+                     beta_at + lo * bs if delta else beta_at, S_at + lo * ss, out_at + lo * ss, o_at + lo * vs,
+                     shape[0], shape[1], HV if B > 1 else shape[2], D, Dv, gate_width, code, clamp, normalize, delta,
+                     scale, eps)
+        if res != OK:
+            status[0] = res
+
+    cpu_numba.on_threads(part, count, min(threads, count, numba.config.NUMBA_NUM_THREADS))
+    return status[0]
+
+
+def _bad_gate_values(g_at: int, count: int) -> bool:
+    """Whether any of the ``count`` float32 log-gates at ``g_at`` is above 0 or NaN (a NumPy view, no copy)."""
+    g = np.ctypeslib.as_array(ctypes.cast(g_at, ctypes.POINTER(ctypes.c_float)), shape=(count,))
+    return not bool((g <= 0).all())

@@ -752,7 +752,7 @@ backward_parallel, backward_serial = _builds(_backward, _FLAGS_T)
 _LOCK = threading.Lock()
 
 
-_POOL: list[ThreadPoolExecutor] = []  # made on first use, as many workers as numba allows threads
+_POOL: dict[int, ThreadPoolExecutor] = {}  # per process id: a forked child has none of its parent's threads
 _POOL_LOCK = threading.Lock()
 
 
@@ -763,10 +763,12 @@ def on_threads(fn, count: int, threads: int) -> None:
     bounds = [count * i // threads for i in range(threads + 1)]
     parts = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
     with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
-                                            thread_name_prefix="linattn-cpu"))
-    futures = [_POOL[0].submit(fn, lo, hi) for lo, hi in parts[1:]]
+        pool = _POOL.get(os.getpid())
+        if pool is None:
+            _POOL.clear()
+            pool = _POOL[os.getpid()] = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS - 1),
+                                                           thread_name_prefix="linattn-cpu")
+    futures = [pool.submit(fn, lo, hi) for lo, hi in parts[1:]]
     error = None
     try:
         for lo, hi in parts[:1]:

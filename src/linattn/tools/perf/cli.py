@@ -82,7 +82,7 @@ def command(output, markdown, quick, only, threads, repeats, max_call_s, budget_
         click.echo("\n".join(c.name for c in cases))
         return
     hcli.check_outputs(overwrite, {"--output": output, "--markdown": markdown})
-    warning = None if quick else cpu.peer_warning(cases)  # at the start, not after minutes of measuring
+    warning = cpu.peer_warning(cases)  # at the start, not after minutes of measuring: the one line about peers
     if warning:
         click.echo(warning, err=True)
     doc = cpu.run(cfg, only=patterns, progress=not no_progress)
