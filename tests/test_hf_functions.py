@@ -34,7 +34,8 @@ def hf(model_type, name):
 
 
 def rel(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 # ------------------------------------------------------------------------------------------------ Mamba-2
