@@ -19,6 +19,7 @@ cache directory when that is read-only, or ``NUMBA_CACHE_DIR``), so later proces
 from __future__ import annotations
 
 import math
+import os
 import threading
 import types
 from concurrent.futures import ThreadPoolExecutor
