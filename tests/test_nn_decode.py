@@ -154,7 +154,7 @@ def test_replaced_state_layer_or_memory_rebuilds_the_decoder(calls):
         cache.state = State(cache.state.S.clone())  # replaced by hand (no record): a new decoder on it
         assert torch.equal(layer(x[:, 6:7], cache)[0], want[1])
         assert decode.DECODERS[cache][1] is not dec and first is None
-        other = make_layer("gated_delta", {}, seed=8)  # an equal layer object: its own decoder
+        other = make_layer("gated_delta", {}, seed=8)  # an equal layer object, on a clone: decodes it right
         assert torch.equal(other(x[:, 7:8], cache.clone())[0], want[2])
     with torch.inference_mode():
         _, frozen = layer(x[:, :5])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.graph import increment_version
 from torch.utils.weak import WeakIdKeyDictionary
 
 from linattn import backends, checks
@@ -21,6 +22,7 @@ from linattn.state import State, record_mismatch
 
 _F32 = torch.float32
 _Tensor = torch.Tensor
+_empty_like, _inference_mode = torch.empty_like, torch.is_inference_mode_enabled  # bound once: decode is hot
 
 
 def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_map: str, normalized: bool) -> State:
@@ -119,13 +121,13 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
         return None
     buf = None
     if inplace:
-        if S.is_inference() and not torch.is_inference_mode_enabled():
+        if S.is_inference() and not _inference_mode():
             return None
         out = S_at
     else:  # the kernel reads the old state and writes the new one into a fresh buffer: no copy first
         buf = S.new_empty((B, HV, D, Dw))
         out = buf.data_ptr()
-    o = torch.empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
+    o = _empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0, beta.data_ptr() if delta else 0,
             S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, width, code, clamp, normalize, delta,
             D**-0.5 if scale is None else scale, eps)
@@ -139,7 +141,7 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     if inplace:
         # The kernel wrote through a raw pointer: tell autograd, so a graph that saved this state refuses to use
         # the overwritten values instead of computing a wrong gradient from them.
-        torch.autograd.graph.increment_version(S)
+        increment_version((S,))
     return o, buf
 
 
@@ -224,8 +226,8 @@ class Decoder:
         self.rule, self.feature_map, self.normalize, self.backend = rule, feature_map, normalize, backend
         self.scale, self.eps, self.eps_mode = scale, eps, eps_mode
         # The fixed arguments of the one compiled call (None: every call takes the full path).
-        self._fixed = plain_args(backend, rule, feature_map, normalize, None if scale is None else float(scale),
-                                 float(eps), eps_mode)
+        self._fixed = plain_args(backend, rule, feature_map, normalize, Dk**-0.5 if scale is None else float(scale),
+                                 float(eps), eps_mode)  # the default scale resolved here: D is the state's Dk
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                  beta: torch.Tensor | None = None) -> torch.Tensor:
