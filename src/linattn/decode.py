@@ -141,7 +141,7 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     if inplace:
         # The kernel wrote through a raw pointer: tell autograd, so a graph that saved this state refuses to use
         # the overwritten values instead of computing a wrong gradient from them.
-        increment_version((S,))
+        increment_version(S)
     return o, buf
 
 
