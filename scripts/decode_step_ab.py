@@ -1,6 +1,6 @@
-"""Batch-1 decode, side by side in one process: ``linattn.step`` of this tree and of another revision, the torch
-step, the compiled kernel alone, and a KV-cache step (``scaled_dot_product_attention`` over L cached tokens, as
-``linattn bench`` times it) for context. B=1, H=8, D=64, float32, one thread.
+"""Batch-1 decode, side by side in one process: ``linattn.step`` and ``linattn.Decoder`` of this tree and of another
+revision, the torch step, the compiled kernel alone, and a KV-cache step (``scaled_dot_product_attention`` over L
+cached tokens, as ``linattn bench`` times it) for context. B=1, H=8, D=64, float32, one thread.
 
 Every path runs in turns of ``--block`` calls, the order rotating each round, so load changes on a shared machine
 hit all paths alike; the table gives the median and the minimum over rounds of the per-call time (microseconds).
@@ -68,6 +68,18 @@ def step_path(mod, rule, fmap, q, k, v, kw, inplace, backend="auto"):
     return run
 
 
+def decoder_path(mod, rule, fmap, q, k, v, kw):
+    """A ``Decoder`` over the state a first step made (its per-call work: the proof and the compiled call)."""
+    _, state = mod.step(q, k, v, None, rule=rule, feature_map=fmap, **kw)
+    dec = mod.Decoder(state, rule=rule, feature_map=fmap)
+    g, beta = kw.get("g"), kw.get("beta")
+
+    def run():
+        return dec(q, k, v, g, beta)
+
+    return run
+
+
 def kernel_path(linattn, rule, fmap, q, k, v, kw):
     """The compiled entry alone, on the arguments ``linattn.step`` would pass it (in place)."""
     from linattn.kernels import cpu_decode as kd
@@ -128,7 +140,8 @@ def main() -> None:
     kv = {L: kv_step(L, B, H, D) for L in (128, 512)}
     kv_times = time_paths(kv, args.rounds, args.block, clock)
     print("KV-cache step (copy + SDPA): " + ", ".join(f"L={L} {m:.1f} ({lo:.1f})" for L, (m, lo) in kv_times.items()))
-    cols = (["base inplace", "base copy"] if base else []) + ["this inplace", "this copy", "torch inplace", "kernel"]
+    cols = (["base inplace", "base copy", "base Decoder"] if base else []) + [
+        "this inplace", "this copy", "this Decoder", "torch inplace", "kernel"]
     print(f"{'case':26s}" + "".join(f"{c:>17s}" for c in cols))
     for rule, fmap, gate in CASES:
         q, k, v, kw = token(rule, gate, B, H, D)
@@ -136,8 +149,10 @@ def main() -> None:
         if base:
             paths["base inplace"] = step_path(base, rule, fmap, q, k, v, kw, True)
             paths["base copy"] = step_path(base, rule, fmap, q, k, v, kw, False)
+            paths["base Decoder"] = decoder_path(base, rule, fmap, q, k, v, kw)
         paths["this inplace"] = step_path(linattn, rule, fmap, q, k, v, kw, True)
         paths["this copy"] = step_path(linattn, rule, fmap, q, k, v, kw, False)
+        paths["this Decoder"] = decoder_path(linattn, rule, fmap, q, k, v, kw)
         paths["torch inplace"] = step_path(linattn, rule, fmap, q, k, v, kw, True, backend="torch")
         paths["kernel"] = kernel_path(linattn, rule, fmap, q, k, v, kw)
         res = time_paths(paths, args.rounds, args.block, clock)

@@ -199,3 +199,41 @@ def test_the_command_without_the_tools_extra_says_what_to_install():
                          env={**__import__("os").environ, "PYTHONPATH": str(SRC.parent)})
     assert run.returncode == 1
     assert "pip install 'linattn[tools]'" in run.stderr
+
+
+def _record_comparisons(tree: ast.AST) -> list[int]:
+    """Lines where a State's record (``x.rule``, ``x.feature_map``, ``x.normalized`` of a name other than self, ctx,
+    call) is compared with anything but None."""
+    fields, owners = {"rule", "feature_map", "normalized"}, {"self", "ctx", "call"}
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        record = any(isinstance(x, ast.Attribute) and x.attr in fields
+                     and not (isinstance(x.value, ast.Name) and x.value.id in owners) for x in sides)
+        against_none = any(isinstance(x, ast.Constant) and x.value is None for x in sides)
+        if record and not against_none:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_state_record_is_checked_in_one_function():
+    """Whether a state's record (rule, feature map, normalizer) agrees with a call is decided only by
+    linattn.state.record_mismatch; every check of a state uses it and words its own error."""
+    found = {}
+    for name, path in MODULES.items():
+        if name.startswith("linattn.tools"):
+            continue
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for line in _record_comparisons(fn):
+                    found.setdefault(f"{name}.{fn.name}", set()).add(line)
+    assert set(found) == {"linattn.state.record_mismatch"}, found
+
+
+def test_the_record_scan_sees_a_comparison():
+    tree = ast.parse("def f(state, rule):\n    if state.rule is not None and state.rule != rule:\n        pass\n")
+    assert _record_comparisons(tree) == [2]
+    assert _record_comparisons(ast.parse("def f(self, rule):\n    return self.rule != rule\n")) == []

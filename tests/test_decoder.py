@@ -237,3 +237,32 @@ def test_step_runs_under_vmap_over_the_gate(rule):
         torch.func.grad(lambda v_: dec(q[0], k, v_, g=g[0], beta=beta).sum())(v[0])
     assert not dec.state.S.any()
     assert torch.allclose(dec(q[0], k, v[0], g=g[0], beta=beta), want[0], atol=1e-6)  # and runs outside
+
+
+def test_decoder_for_keeps_one_decoder_per_holder():
+    """decode.decoder_for: the same Decoder while the holder, its arguments and its state stay; a new one when the
+    arguments change, the state object is replaced or a bare tensor is re-pointed; the entry goes with its holder."""
+    import gc
+
+    from linattn import decode
+
+    class Holder:
+        pass
+
+    holder, state = Holder(), State.zeros(1, 2, 4, 3)
+    dec = decode.decoder_for(holder, state, rule="accumulate")
+    assert dec.state is state and decode.decoder_for(holder, state, rule="accumulate") is dec
+    assert decode.decoder_for(holder, state, rule="accumulate", eps=0.5) is not dec  # other arguments
+    other = State.zeros(1, 2, 4, 3)
+    assert decode.decoder_for(holder, other, rule="accumulate", eps=0.5).state is other  # another state object
+    S = torch.zeros(1, 2, 4, 3)
+    bare = decode.decoder_for(S, S, rule="gated", normalize=False)
+    assert bare.state.S.data_ptr() == S.data_ptr() and bare.state.S is not S  # an alias, not the key itself
+    assert decode.decoder_for(S, S, rule="gated", normalize=False) is bare
+    S.set_(torch.zeros(1, 2, 4, 3))  # re-pointed in place: a new decoder on the new memory
+    again = decode.decoder_for(S, S, rule="gated", normalize=False)
+    assert again is not bare and again.state.S.data_ptr() == S.data_ptr()
+    held = len(decode.DECODERS)
+    del holder, S
+    gc.collect()
+    assert len(decode.DECODERS) == held - 2

@@ -12,7 +12,7 @@ import torch
 from helpers import reference_call, rel_err
 
 import linattn
-from linattn import State
+from linattn import State, decode
 from linattn import nn as lnn
 
 pytest.importorskip("numba")
@@ -105,7 +105,7 @@ def test_clone_branches_a_generation(calls):
         _, cache = layer(x[:, :6])
         layer(a, cache)  # the decoder is built and kept on the cache
         branch = cache.clone()
-        assert branch._decoding is None and branch.state.S.data_ptr() != cache.state.S.data_ptr()
+        assert decode.DECODERS.get(branch) is None and branch.state.S.data_ptr() != cache.state.S.data_ptr()
         assert torch.equal(branch.state.S, cache.state.S) and torch.equal(branch.conv, cache.conv)
         y_a, _ = layer(a, cache)
         y_b, back = layer(b, branch)
@@ -116,7 +116,7 @@ def test_clone_branches_a_generation(calls):
         y_b_fresh, _ = layer(b, fresh)
         assert torch.equal(y_b, y_b_fresh) and not torch.equal(y_a, y_b)
         deep = copy.deepcopy(cache)  # copy and pickle take the tensors, not the decoder
-        assert deep._decoding is None and torch.equal(deep.state.S, cache.state.S)
+        assert decode.DECODERS.get(deep) is None and torch.equal(deep.state.S, cache.state.S)
         assert torch.equal(layer(b, deep)[0], layer(b, cache)[0])
 
 
@@ -148,13 +148,13 @@ def test_replaced_state_layer_or_memory_rebuilds_the_decoder(calls):
         _, expected = layer(x[:, :5])
         want = [layer(x[:, t:t + 1], expected)[0] for t in range(5, 8)]
         _, cache = layer(x[:, :5])
-        first = cache._decoding
+        first = decode.DECODERS.get(cache)
         assert torch.equal(layer(x[:, 5:6], cache)[0], want[0])
-        dec = cache._decoding[1]
+        dec = decode.DECODERS[cache][1]
         cache.state = State(cache.state.S.clone())  # replaced by hand (no record): a new decoder on it
         assert torch.equal(layer(x[:, 6:7], cache)[0], want[1])
-        assert cache._decoding[1] is not dec and first is None
-        other = make_layer("gated_delta", {}, seed=8)  # an equal layer object: its own decoder
+        assert decode.DECODERS[cache][1] is not dec and first is None
+        other = make_layer("gated_delta", {}, seed=8)  # an equal layer object, on a clone: decodes it right
         assert torch.equal(other(x[:, 7:8], cache.clone())[0], want[2])
     with torch.inference_mode():
         _, frozen = layer(x[:, :5])

@@ -10,9 +10,9 @@ transformers = pytest.importorskip("transformers")
 
 from hf_tiny import modeling  # noqa: E402
 
+from linattn import decode  # noqa: E402
 from linattn.backends import cpu as cpu_backend  # noqa: E402
 from linattn.integrations import transformers as lt  # noqa: E402
-from linattn.integrations.transformers import common  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -297,7 +297,7 @@ def test_decode_loop_updates_hf_cache_in_place_with_one_call_per_token(calls, B)
     ids = torch.randint(0, 96, (B, 12), generator=torch.Generator().manual_seed(B))
     states = {}
     for name, patch in (("hf", lt.use_hf_torch_fallback), ("ours", lt.patch_qwen3_next)):
-        held = len(common.DECODERS)
+        held = len(decode.DECODERS)
         with patch(), torch.no_grad():
             out = model(ids[:, :5], use_cache=True)
             cache, logits = out.past_key_values, [out.logits]
@@ -308,12 +308,12 @@ def test_decode_loop_updates_hf_cache_in_place_with_one_call_per_token(calls, B)
                 out = model(ids[:, t:t + 1], cache=cache, use_cache=True)
                 logits.append(out.logits)
                 assert cache.layers[0].recurrent_states[0] is S and S.data_ptr() == memory
-            assert len(common.DECODERS) == held + (name == "ours")  # one decoder, prepared for this tensor
+            assert len(decode.DECODERS) == held + (name == "ours")  # one decoder, prepared for this tensor
         states[name] = torch.cat(logits, dim=1), S.clone()
         assert len(calls) == (7 if name == "ours" else 0)
         del out, cache, S
         gc.collect()
-        assert len(common.DECODERS) == held  # the decoder went with the cache's tensor
+        assert len(decode.DECODERS) == held  # the decoder went with the cache's tensor
     scale = states["hf"][0].abs().max()
     assert (states["ours"][0] - states["hf"][0]).abs().max() <= 1e-5 * scale
     assert (states["ours"][1] - states["hf"][1]).abs().max() <= 1e-5 * states["hf"][1].abs().max()

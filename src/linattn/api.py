@@ -14,7 +14,7 @@ from linattn import decode
 from linattn.call import prepare, prepare_step
 from linattn.checks import rule_module
 from linattn.feature_maps import FeatureMap
-from linattn.layout import resolved, split_state, state_tensor
+from linattn.layout import resolved, split_state, state_tensor, zero_state
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
 from linattn.packing import run_packed
 from linattn.runner import run
@@ -110,7 +110,7 @@ def linear_attention(
     if call.cu_seqlens is not None:
         return run_packed(call, q, k, v, g, beta, initial_state)
     if initial_state is None:
-        S = torch.zeros(call.B, call.H, call.Dk, call.Dv + call.normalize, dtype=call.dtype, device=q.device)
+        S = zero_state(call.B, call.H, call.Dk, call.Dv, call.normalize, call.dtype, q.device)
     else:
         S = state_tensor(initial_state, call.normalize, call.dtype)
     o, S = run(call, q, k, v, g, beta, S)

@@ -17,7 +17,7 @@ import torch
 from linattn import buffers
 from linattn.feature_maps import feature_map_name
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES, accumulate, delta, gated, gated_delta
-from linattn.state import State, is_joint
+from linattn.state import State, is_joint, record_mismatch
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
 # The rule table: each rule's module holds its forms (``FORMS``) and its decode ``step``.
@@ -275,17 +275,17 @@ def check_state(
     (``rule``, ``feature_map``: the call's, to compare with the record; ``d_in``: q's width, to explain widths.)"""
     if not isinstance(state, State):
         raise TypeError(f"{name} must be a linattn.State or None, got {type(state).__name__}")
-    if state.rule is not None and rule is not None and state.rule != rule:
+    fmap_name = None if feature_map is _UNSET else feature_map_name(feature_map)
+    mismatch = record_mismatch(state, rule, fmap_name)
+    if mismatch == "rule":
         raise ValueError(
             f"{name} was made by rule {state.rule!r} but this call uses rule={rule!r}; a state continues only the "
             "rule that made it (to carry it over on purpose, pass State(state.S, state.z))"
         )
-    if state.feature_map is not None and feature_map is not _UNSET and state.feature_map != feature_map_name(
-        feature_map
-    ):
+    if mismatch == "feature_map":
         raise ValueError(
-            f"{name} was made with feature_map {state.feature_map!r} but this call uses "
-            f"{feature_map_name(feature_map)!r}; its keys live in that map's feature space"
+            f"{name} was made with feature_map {state.feature_map!r} but this call uses {fmap_name!r}; its keys "
+            "live in that map's feature space"
         )
     if not state.S.is_floating_point():  # State checks this when made; S may have been replaced since
         raise TypeError(f"{name}.S must be a real floating-point tensor, got {state.S.dtype}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.graph import increment_version
+from torch.utils.weak import WeakIdKeyDictionary
 
 from linattn import backends, checks
 from linattn.backends import policy
@@ -16,10 +18,11 @@ from linattn.feature_maps import resolve_feature_map
 from linattn.layout import features, group_heads, resolved, split_state, state_tensor, with_ones_column
 from linattn.ops import DELTA_RULES, GATED_RULES, RULES
 from linattn.ops.common import normalized_read
-from linattn.state import State
+from linattn.state import State, record_mismatch
 
 _F32 = torch.float32
 _Tensor = torch.Tensor
+_empty_like, _inference_mode = torch.empty_like, torch.is_inference_mode_enabled  # bound once: decode is hot
 
 
 def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_map: str, normalized: bool) -> State:
@@ -30,80 +33,47 @@ def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_ma
     return state
 
 
-def _plain(q, k, v) -> bool:
-    """q, k, v are plain float32 contiguous CPU tensors outside autograd, no negative views (what the one-call
-    kernel reads: raw memory)."""
-    return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
-            and q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu
-            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-            and not (q.requires_grad or k.requires_grad or v.requires_grad or q.is_neg() or k.is_neg() or v.is_neg()))
-
-
-def _gate_width(gated: bool, delta: bool, g, beta, B: int, HV: int, D: int) -> int:
-    """The gate width the compiled call reads (0: no gate, 1: one per head, D: one per key channel), or -1 when g
-    or beta is not what it takes: plain float32 contiguous CPU tensors outside autograd, g ``[B, HV]`` (or, gated
-    only, ``[B, HV, D]``; per-channel gates on a delta rule, Kimi Delta, take the torch form), beta ``[B, HV]``,
-    and neither where the rule has none. Their values are the kernel's to check (before it writes)."""
-    width = 0
-    if gated:
-        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad
-                and not g.is_neg()):
-            return -1
-        g_shape = g.shape
-        if g_shape == (B, HV):
-            width = 1
-        elif g_shape == (B, HV, D) and not delta:
-            width = D
-        else:
-            return -1
-    elif g is not None:
-        return -1
-    if delta:
-        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
-                and not beta.requires_grad and beta.shape == (B, HV) and not beta.is_neg()):
-            return -1
-    elif beta is not None:
-        return -1
-    return width
-
-
-def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
-               backend) -> tuple[torch.Tensor, State] | None:
-    """The decode step of :func:`step` in one compiled call, or None when the call is not the plain case.
-
-    At batch 1 the checks and the torch ops around a step cost as much as the step itself. So this proves, with
-    attribute reads only (each ~50 ns, where a torch op costs ~1 us), that the call is valid and needs nothing the
-    compiled kernel lacks: float32 contiguous CPU tensors outside autograd, a built-in elementwise or L2 feature
-    map, a state in linattn's own layout (made for this rule and map, or with no record, as State.zeros makes it).
-    Anything else, and any bad gate value (the kernel checks them before writing), goes through the full path,
-    which gives the result or the error that names the argument. Nothing is cached between calls: every fact is
-    read again (a tensor's layout can change in place). The checks of g and beta are one helper that
-    :class:`Decoder` shares; the rest are written out inline because a function call costs as much as two of them.
-    """
+def plain_args(backend, rule, feature_map, normalize, scale, eps, eps_mode) -> tuple | None:
+    """The fixed arguments of a step as :func:`fast_decode` takes them (the kernel module, the rule, the feature
+    code and name, normalize, gated, delta, scale or None for the default, eps, clamp), or None when they are not the
+    plain case: a backend that lets the CPU kernel run, a rule, a built-in elementwise or L2 feature map, normalize a
+    bool the rule allows (or None), a finite scale and eps as floats. Bad values are the full path's to name."""
     kd = backends.decode_kernel(backend)
-    if kd is None or type(state) is not State or not (inplace is True or inplace is False):
+    if kd is None or rule not in RULES:
         return None
     code = kd.FEATURE_CODES.get(feature_map) if feature_map is None or type(feature_map) is str else None
     if code is None:
         return None
+    delta = rule in DELTA_RULES
     if normalize is None:
-        normalize = rule not in DELTA_RULES
-    elif not (normalize is False or (normalize is True and rule not in DELTA_RULES)):
+        normalize = not delta
+    elif not (normalize is False or (normalize is True and not delta)):
         return None  # not a bool, or a delta rule asked to normalize: the full path says why
-    # A state with no record (State.zeros, State(S, z)) is checked by its layout alone, as the full path does.
-    # Each recorded field is checked on its own: a hand-built State may record a map and no rule.
-    fmap_name = feature_map or "identity"
-    if ((state.rule is not None and state.rule != rule)
-            or (state.normalized is not None and state.normalized is not normalize)
-            or (state.feature_map is not None and state.feature_map != fmap_name)):
-        return None
-    recorded = state.rule is not None
-    if rule not in RULES or not (state_dtype is None or state_dtype is _F32):
-        return None
     if not (type(eps) is float and 0.0 <= eps < math.inf and (eps_mode == "add" or eps_mode == "clamp")):
         return None
-    # q, k [B, Hq, D], v [B, HV, Dv]: plain float32 contiguous CPU tensors outside autograd
-    if not _plain(q, k, v):
+    if not (scale is None or (type(scale) is float and math.isfinite(scale))):
+        return None
+    return (kd, rule, code, feature_map or "identity", normalize, rule in GATED_RULES, delta, scale, eps,
+            eps_mode == "clamp")
+
+
+def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple | None:
+    """One decode step in one compiled call: ``(o, None)`` after updating ``state`` in place, ``(o, buf)`` with the
+    new ``[B, HV, D, Dw]`` state buffer otherwise; or None (nothing written) when the call is not the plain case.
+
+    The one proof of the plain case, shared by :func:`step` and :class:`Decoder`. At batch 1 the checks and the
+    torch ops around a step cost as much as the step itself, so it proves with attribute reads only (each ~50 ns,
+    where a torch op costs ~1 us, a function call ~100 ns: hence written out inline) that the call needs nothing
+    the kernel lacks: q, k ``[B, Hq, D]``, v ``[B, HV, Dv]``, g and beta as the kernel reads them, all float32
+    contiguous CPU tensors outside autograd with no negative views; a state whose record (if any) agrees with
+    ``fixed`` (from :func:`plain_args`) and whose S and z are the columns of one contiguous float32 buffer. Nothing
+    is cached between calls: every fact is read again (a tensor's layout can change in place). A bad gate value
+    is the kernel's to find (before it writes): then None, and the full path raises the error that names it."""
+    kd, rule, code, fmap_name, normalize, gated, delta, scale, eps, clamp = fixed
+    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu
+            and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+            and not (q.requires_grad or k.requires_grad or v.requires_grad or q.is_neg() or k.is_neg() or v.is_neg())):
         return None
     q_shape, v_shape = q.shape, v.shape
     if len(q_shape) != 3 or len(v_shape) != 3 or k.shape != q_shape:
@@ -111,54 +81,90 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     (B, Hq, D), (B_v, HV, Dv) = q_shape, v_shape
     if B_v != B or not (B and Hq and D and HV and Dv) or HV % Hq:
         return None
-    if scale is None:
-        scale = D**-0.5
-    elif not (type(scale) is float and math.isfinite(scale)):
+    # The gate width the kernel reads: 0 none, 1 one per head ([B, HV]), D one per key channel ([B, HV, D]; a delta
+    # rule with per-channel gates, Kimi Delta, takes the torch form); beta [B, HV] for the delta rules.
+    width = 0
+    if gated:
+        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad
+                and not g.is_neg()):
+            return None
+        g_shape = g.shape
+        if g_shape == (B, HV):
+            width = 1
+        elif g_shape == (B, HV, D) and not delta:
+            width = D
+        else:
+            return None
+    elif g is not None:
         return None
-    gated, delta = rule in GATED_RULES, rule in DELTA_RULES
-    gate_width = _gate_width(gated, delta, g, beta, B, HV, D)
-    if gate_width < 0:
+    if delta:
+        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+                and not beta.requires_grad and beta.shape == (B, HV) and not beta.is_neg()):
+            return None
+    elif beta is not None:
         return None
-    # The state: S [B, HV, D, Dv] as columns of one contiguous [B, HV, D, Dw] buffer, z (normalized) its last column.
+    # The state: its record agrees, S [B, HV, D, Dv] the columns of one contiguous [B, HV, D, Dw] buffer, z
+    # (normalized) its last column (and covering it: the kernel writes its last element).
+    if type(state) is not State or record_mismatch(state, rule, fmap_name, normalize) is not None:
+        return None
     S, z = state.S, state.z
     Dw = Dv + 1 if normalize else Dv
     if (type(S) is not _Tensor or S.dtype is not _F32 or not S.is_cpu or S.requires_grad or S.shape != (B, HV, D, Dv)
-            or S.is_neg()):
-        return None
-    if S.stride() != (HV * D * Dw, D * Dw, Dw, 1):
+            or S.is_neg() or S.stride() != (HV * D * Dw, D * Dw, Dw, 1)):
         return None
     S_at = S.data_ptr()
-    if normalize:  # z must be that buffer's last column (and cover it: the kernel writes its last element)
+    if normalize:
         if (type(z) is not _Tensor or z.dtype is not _F32 or z.requires_grad or z.data_ptr() != S_at + 4 * Dv
                 or z.stride() != (HV * D * Dw, D * Dw, Dw) or z.shape != (B, HV, D) or z.is_neg()):
             return None
     elif z is not None:
         return None
-    entries = B * HV * D * Dw  # the policy's split threshold, read inline: decode is all overhead at batch 1
-    threads = 1 if entries < policy.DECODE_SPLIT_MIN_ENTRIES else backends.decode_threads(entries)
+    buf = None
     if inplace:
-        if S.is_inference() and not torch.is_inference_mode_enabled():
+        if S.is_inference() and not _inference_mode():
             return None
         out = S_at
     else:  # the kernel reads the old state and writes the new one into a fresh buffer: no copy first
         buf = S.new_empty((B, HV, D, Dw))
         out = buf.data_ptr()
-    o = torch.empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
+    o = _empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0, beta.data_ptr() if delta else 0,
-            S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, gate_width, code, eps_mode == "clamp", normalize, delta, scale,
-            eps)
-    status = kd.decode(*args) if threads == 1 else kd.decode_split(threads, *args)
+            S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, width, code, clamp, normalize, delta,
+            D**-0.5 if scale is None else scale, eps)
+    entries = B * HV * D * Dw  # the policy's split threshold, read inline: decode is all overhead at batch 1
+    if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
+        status = kd.decode_split(threads, *args)  # past the measured threshold: heads split over threads
+    else:
+        status = kd.decode(*args)
     if status != kd.OK:
         return None  # nothing was written; the full path raises the error that names the gate
     if inplace:
         # The kernel wrote through a raw pointer: tell autograd, so a graph that saved this state refuses to use
         # the overwritten values instead of computing a wrong gradient from them.
-        torch.autograd.graph.increment_version(S)
-        return o, (state if recorded else trusted_state(S, z, rule, fmap_name, normalize))
+        increment_version(S)
+    return o, buf
+
+
+def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
+              backend) -> tuple[torch.Tensor, State] | None:
+    """The decode step of :func:`step` in one compiled call (:func:`fast_decode`), or None when the call is not the
+    plain case (then the full path gives the result, or the error that names the argument)."""
+    if not (inplace is True or inplace is False) or not (state_dtype is None or state_dtype is _F32):
+        return None
+    fixed = plain_args(backend, rule, feature_map, normalize, scale, eps, eps_mode)
+    if fixed is None:
+        return None
+    done = fast_decode(fixed, q, k, v, g, beta, state, inplace)
+    if done is None:
+        return None
+    o, buf = done
+    fmap_name, normalize = fixed[3], fixed[4]
+    if buf is None:  # in place: the caller's state, given the record it lacked (State.zeros, State(S, z))
+        return o, (state if state.rule is not None else trusted_state(state.S, state.z, rule, fmap_name, normalize))
     if normalize:
+        Dv = v.shape[-1]
         return o, trusted_state(buf[..., :Dv], buf[..., Dv], rule, fmap_name, True)
     return o, trusted_state(buf, None, rule, fmap_name, False)
-
 
 
 def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -> tuple[torch.Tensor, State]:
@@ -219,17 +225,9 @@ class Decoder:
         self.state = state
         self.rule, self.feature_map, self.normalize, self.backend = rule, feature_map, normalize, backend
         self.scale, self.eps, self.eps_mode = scale, eps, eps_mode
-        # What the compiled call needs, fixed for the decoder's life (None: every call takes the full path).
-        kd = backends.decode_kernel(backend)
-        code = kd.FEATURE_CODES.get(feature_map) if kd is not None and (
-            feature_map is None or type(feature_map) is str) else None
-        self._kd = kd if code is not None and state.dtype is _F32 and state.S.is_cpu else None
-        self._code = code
-        self._fmap_name = feature_map or "identity" if code is not None else None
-        self._gated, self._delta = rule in GATED_RULES, rule in DELTA_RULES
-        self._dims = (B, H, Dk, Dv, Dv + 1 if normalize else Dv)
-        self._scale = Dk**-0.5 if scale is None else float(scale)
-        self._eps, self._clamp = float(eps), eps_mode == "clamp"
+        # The fixed arguments of the one compiled call (None: every call takes the full path).
+        self._fixed = plain_args(backend, rule, feature_map, normalize, Dk**-0.5 if scale is None else float(scale),
+                                 float(eps), eps_mode)  # the default scale resolved here: D is the state's Dk
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                  beta: torch.Tensor | None = None) -> torch.Tensor:
@@ -245,10 +243,12 @@ class Decoder:
         Returns:
             o: ``[B, HV, Dv]`` in ``v.dtype``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)`` returns.
         """
-        o = self._fast(q, k, v, g, beta)
-        if o is not None:
-            return o
-        if backends.functorch_active():
+        fixed = self._fixed
+        if fixed is not None and not backends.functorch_active():
+            done = fast_decode(fixed, q, k, v, g, beta, self.state, True)  # the state is read each call
+            if done is not None:
+                return done[0]
+        elif backends.functorch_active():
             raise ValueError(
                 "Decoder: called under a torch.func transform (vmap, grad, ...); a Decoder updates its state in "
                 "place, which a transform can neither batch nor differentiate: inside the transform call "
@@ -261,48 +261,29 @@ class Decoder:
         o, self.state = run_step(call, q, k, v, g, beta, self.state, True)
         return o
 
-    def _fast(self, q, k, v, g, beta) -> torch.Tensor | None:
-        """The compiled call when this token is the plain case, else None (nothing written)."""
-        kd = self._kd
-        if kd is None or backends.functorch_active():
-            return None
-        B, HV, D, Dv, Dw = self._dims
-        if not _plain(q, k, v):
-            return None
-        q_shape = q.shape
-        if len(q_shape) != 3 or k.shape != q_shape or v.shape != (B, HV, Dv):
-            return None
-        Bq, Hq, Dq = q_shape
-        if Bq != B or Dq != D or not Hq or HV % Hq:
-            return None
-        gate_width = _gate_width(self._gated, self._delta, g, beta, B, HV, D)
-        if gate_width < 0:
-            return None
-        st = self.state  # read each call: the state may have been replaced (the full path then checks it)
-        if type(st) is not State or ((st.rule is not None and st.rule != self.rule)
-                                     or (st.normalized is not None and st.normalized is not self.normalize)
-                                     or (st.feature_map is not None and st.feature_map != self._fmap_name)):
-            return None
-        S, z = st.S, st.z
-        if (S.requires_grad or S.shape != (B, HV, D, Dv) or S.stride() != (HV * D * Dw, D * Dw, Dw, 1)
-                or S.dtype is not _F32 or not S.is_cpu or (z is not None and not self.normalize) or S.is_neg()):
-            return None
-        S_at = S.data_ptr()
-        if self.normalize and (z is None or z.data_ptr() != S_at + 4 * Dv or z.stride() != (HV * D * Dw, D * Dw, Dw)
-                               or z.is_neg()):
-            return None
-        if S.is_inference() and not torch.is_inference_mode_enabled():
-            return None
-        o = torch.empty_like(v)
-        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if self._gated else 0,
-                beta.data_ptr() if self._delta else 0, S_at, S_at, o.data_ptr(), B, Hq, HV, D, Dv, gate_width,
-                self._code, self._clamp, self.normalize, self._delta, self._scale, self._eps)
-        entries = B * HV * D * Dw
-        if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
-            status = kd.decode_split(threads, *args)  # past the measured threshold: heads split over threads
-        else:
-            status = kd.decode(*args)
-        if status != kd.OK:
-            return None  # nothing was written; the full path raises the error that names the gate
-        torch.autograd.graph.increment_version(S)  # written through a raw pointer: autograd must know
-        return o
+
+# The prepared decode loop kept for each object that holds a state across steps (HF's state tensor, nn's cache):
+# (the Decoder's fixed arguments, the Decoder). Weak: an entry goes with its holder, which the Decoder never holds.
+DECODERS = WeakIdKeyDictionary()
+
+
+def decoder_for(holder, state: State | torch.Tensor, **fixed) -> Decoder:
+    """The :class:`Decoder` kept for ``holder`` when it was made with these ``fixed`` keyword arguments and
+    updates ``state``: the same :class:`State` object, or, for a bare tensor S (a state with no normalizer and no
+    record), the same memory (address, shape, strides: not re-pointed by ``set_``, ``resize_``), writable now (not
+    an inference tensor outside inference mode). Else a new ``Decoder(state, **fixed)`` (for a tensor, of
+    ``State(S.detach())``: an alias that does not keep ``holder`` alive), kept for ``holder`` (any object a weak
+    reference holds, compared by identity). Raises what :class:`Decoder` raises (a ValueError where an in-place
+    step refuses the state's memory)."""
+    held = DECODERS.get(holder)
+    if held is not None and held[0] == fixed:
+        dec = held[1]
+        mine = dec.state
+        if mine is state or (type(state) is _Tensor and type(mine) is State and mine.S.data_ptr() == state.data_ptr()
+                             and mine.S.shape == state.shape and mine.S.stride() == state.stride()):
+            S = mine.S
+            if not S.is_inference() or torch.is_inference_mode_enabled():
+                return dec
+    dec = Decoder(State(state.detach()) if isinstance(state, torch.Tensor) else state, **fixed)
+    DECODERS[holder] = (fixed, dec)
+    return dec

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import linattn
 from linattn.call import Call, prepare
 from linattn.feature_maps import FeatureMap
-from linattn.layout import split_state
+from linattn.layout import split_state, state_tensor, with_ones_column
 from linattn.ops import DELTA_RULES
 from linattn.ops.common import normalized_read
 from linattn.state import State
@@ -243,7 +243,7 @@ def _first_segment(q, k, v, initial_state, normalize, rule, call):
     """Rank 0 starts from the initial state: a plain call gives its outputs, and its final state is its whole
     contribution (sent with the normalizer as a last column, and for the delta rules padded to ``[B | M]``)."""
     o, S = linattn.linear_attention(q, k, v, normalize=normalize, initial_state=initial_state, **call)
-    S_loc = torch.cat([S.S, S.z.unsqueeze(-1)], dim=-1) if normalize else S.S
+    S_loc = state_tensor(S, normalize, S.dtype)  # [S | z] when normalized
     if rule in DELTA_RULES:  # rank 0's transition is never used: zeros keep every message the same size
         S_loc = torch.cat([S_loc, S_loc.new_zeros(*S_loc.shape[:-1], S_loc.shape[-2])], dim=-1)
     return o, S_loc
@@ -268,7 +268,7 @@ def _later_segment(q, k, v, normalize, rule, call):
     if fmap is not None:
         q, k = (torch.cat([fmap(x) for x in t.split(_SLAB, dim=1)], dim=1) for t in (q, k))
     if normalize:
-        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        v = with_ones_column(v)
     o, S = linattn.linear_attention(q, k, v, normalize=False, **(call | {"feature_map": None}))
     return o, S.S, q
 

@@ -61,9 +61,30 @@ def state_tensor(state: State, normalize: bool, dtype: torch.dtype) -> torch.Ten
     return augmented(state, dtype) if normalize else resolved(state.S.to(dtype))
 
 
-def with_ones_column(v: torch.Tensor) -> torch.Tensor:
-    """[v | 1]: z is the memory of a constant value 1, carried as one more value column (a contiguous copy)."""
+def with_ones_column(v: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[v | 1] (in ``dtype``, default v's): z is the memory of a constant value 1, carried as one more value column
+    (a contiguous copy)."""
+    if dtype is not None:
+        v = v.to(dtype)
     return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+
+
+def zero_state(B: int, H: int, Dk: int, Dv: int, normalize: bool, dtype: torch.dtype, device) -> torch.Tensor:
+    """The empty state as the runners take it: ``[B, H, Dk, Dv + 1]`` zeros (``[S | z]``) when normalized, else
+    ``[B, H, Dk, Dv]``."""
+    return torch.zeros(B, H, Dk, Dv + 1 if normalize else Dv, dtype=dtype, device=device)
+
+
+def to_kernel_layout(S: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[..., Dk, Dw]`` (``[S | z]`` or S) as the compiled token loops keep it: ``[..., Dw, Dk]``, one value
+    column's keys contiguous; a contiguous copy in ``dtype`` outside autograd (the kernel writes it)."""
+    return S.detach().to(dtype).transpose(-1, -2).contiguous()
+
+
+def from_kernel_layout(ST: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`to_kernel_layout`: ``[..., Dw, Dk]`` back to ``[..., Dk, Dw]``, as a view (a caller
+    that keeps it makes it contiguous)."""
+    return ST.transpose(-1, -2)
 
 
 def split_state(

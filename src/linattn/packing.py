@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from linattn.call import Call
-from linattn.layout import split_state, state_tensor, with_ones_column
+from linattn.layout import split_state, state_tensor, with_ones_column, zero_state
 from linattn.ops.common import normalized_read
 from linattn.runner import compiled, run, segment_call
 from linattn.state import State
@@ -108,7 +108,7 @@ def run_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tup
     if normalize:
         vv = with_ones_column(vv)
     if initial_state is None:
-        S = torch.zeros(N, call.H, call.Dk, vv.shape[-1], dtype=dtype, device=q.device)
+        S = zero_state(N, call.H, call.Dk, call.Dv, normalize, dtype, q.device)
     else:
         S = state_tensor(initial_state, normalize, dtype)
     # A compiled backend runs the packed tokens directly, one state per sequence (no padding, no segments).

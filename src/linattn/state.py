@@ -33,6 +33,21 @@ def joint_view(S: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor | None:
     return S.as_strided((*S.shape[:-1], S.shape[-1] + 1), S.stride(), S.storage_offset())
 
 
+def record_mismatch(state: State, rule: str | None, feature_map: str | None,
+                    normalized: bool | None = None) -> str | None:
+    """The first field of ``state``'s record that disagrees with a call's, ``"rule"``, ``"feature_map"`` or
+    ``"normalized"``; None when they agree. ``feature_map`` is the call's map by name (``feature_map_name``). A
+    field the state does not record, or the caller does not give (None), is not compared: a hand-built state may
+    record a map and no rule. The one place this is decided; each caller words its own error."""
+    if state.rule is not None and rule is not None and state.rule != rule:
+        return "rule"
+    if state.feature_map is not None and feature_map is not None and state.feature_map != feature_map:
+        return "feature_map"
+    if state.normalized is not None and normalized is not None and state.normalized is not normalized:
+        return "normalized"
+    return None
+
+
 @dataclass(eq=False, repr=False)
 class State:
     """Fixed-size state of one linear-attention layer.

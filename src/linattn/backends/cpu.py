@@ -22,6 +22,7 @@ import torch
 
 from linattn import buffers, feature_maps
 from linattn.backends import compile_notice, policy
+from linattn.layout import from_kernel_layout, to_kernel_layout, with_ones_column, zero_state
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
@@ -175,7 +176,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     flat = (B * T, H)  # the kernels see the batch as packed rows: cu = [0, T, 2T, ...]
     if grad:
         return with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq)
-    ST = state.detach().transpose(-1, -2).contiguous()  # the prefill kernel's layout (a copy: state is not ours)
+    ST = to_kernel_layout(state)  # the prefill kernel's layout (a copy: state is not ours)
     o = buffers.empty((B * T, H, Dv))
     view = bf16_bits if raw else f32
     threads = loop_threads(B * T * H * ST.shape[-2] * Dk, (len(cu) - 1) * H * max(1, Dv // 32))
@@ -185,7 +186,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     o = o.view(B, T, H, Dv)
     if v.dtype != torch.float32:
         o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)
-    return o, ST.transpose(-1, -2).contiguous()
+    return o, from_kernel_layout(ST).contiguous()
 
 
 def with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq):
@@ -198,7 +199,7 @@ def with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode
     Dk, Dv = qf.shape[-1], v.shape[-1]
     vw = v.to(torch.float32)
     if normalize:
-        vw = torch.cat([vw, torch.ones_like(vw[..., :1])], dim=-1)
+        vw = with_ones_column(vw)
     Dw = vw.shape[-1]
     flat = (B * T, H)
     o, S = CompiledPrefill.apply(
@@ -222,7 +223,7 @@ class CompiledPrefill(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, cu, scale, every):
-        ST = S0.detach().to(torch.float32).transpose(-1, -2).contiguous()
+        ST = to_kernel_layout(S0)
         o = buffers.empty(tuple(v.shape))
         T, H, Dw = v.shape
         threads = loop_threads(T * H * Dw * q.shape[-1], (len(cu) - 1) * H * max(1, Dw // 32))
@@ -230,7 +231,7 @@ class CompiledPrefill(torch.autograd.Function):
                               scale=scale, eps=0.0, clamp=False, normalize=False, every=every, threads=threads)
         ctx.save_for_backward(q, k, v, g, beta, S0)
         ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
-        return o, ST.transpose(-1, -2).contiguous()
+        return o, from_kernel_layout(ST).contiguous()
 
     @staticmethod
     def backward(ctx, grad_o, grad_S):
@@ -239,8 +240,8 @@ class CompiledPrefill(torch.autograd.Function):
         q, k, v, g, beta, _ = ctx.saved_tensors
         N, H, Dk, Dw = len(ctx.cu) - 1, q.shape[1], q.shape[2], v.shape[2]
         # (The incoming gradients may be negative views, which autograd makes: resolved before NumPy reads them.)
-        dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
-               else grad_S.resolve_neg().to(torch.float32).transpose(-1, -2).contiguous())
+        dST = (to_kernel_layout(zero_state(N, H, Dk, Dw, False, torch.float32, "cpu")) if grad_S is None
+               else to_kernel_layout(grad_S.resolve_neg()))
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
         threads = loop_threads(q.shape[0] * H * Dw * Dk, N * H)
         # torch's own tensors, written through views: the gradients stay resizable (torch.from_numpy's are not)
@@ -251,7 +252,7 @@ class CompiledPrefill(torch.autograd.Function):
         _numba.backward(f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, view(dST), view(do), view(dq),
                         view(dk), view(dv), None if dg is None else view(dg), None if dbeta is None else view(dbeta),
                         scale=ctx.scale, every=ctx.every, threads=threads)
-        return dq, dk, dv, dg, dbeta, dST.transpose(-1, -2).to(ctx.S0_dtype), None, None, None
+        return dq, dk, dv, dg, dbeta, from_kernel_layout(dST).to(ctx.S0_dtype), None, None, None
 
 
 def exact_backward(ctx, grad_o, grad_S):

@@ -10,7 +10,6 @@ branches a generation. The softmax mixer with the same call signature is in `lin
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import linattn
-from linattn import checks
+from linattn import checks, decode
 from linattn.feature_maps import feature_map_name, resolve_feature_map
 from linattn.nn.checks import (
     check_cache_tensor,
@@ -32,7 +31,7 @@ from linattn.nn.checks import (
 )
 from linattn.nn.conv import causal_conv
 from linattn.ops import DELTA_RULES, GATED_RULES
-from linattn.state import State
+from linattn.state import State, record_mismatch
 
 # Feature map and normalizer per rule when not given: Katharopoulos et al. for accumulate, GLA (no map, no
 # normalizer, the output norm keeps the scale) for gated, L2-normalized q and k for the delta rules (DeltaNet,
@@ -73,9 +72,9 @@ class LinearAttentionCache:
 
     state: State
     conv: torch.Tensor | None = None
-    # The prepared decode loop of the layer decoding this cache: (weakref to that layer, its linattn.Decoder, the conv
-    # tensor it updates), built on the first in-place step; never copied (see __getstate__).
-    _decoding: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    # The conv tensor that decoding made this cache's own (a contiguous copy, written in place); never copied (see
+    # __getstate__). The prepared Decoder is kept by linattn.decode.decoder_for, keyed by this cache.
+    _conv_own: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def clone(self) -> LinearAttentionCache:
         """A deep copy (its own state and convolution history, no prepared decoder): decoding one never changes the
@@ -85,7 +84,7 @@ class LinearAttentionCache:
 
     def __getstate__(self) -> dict:
         # copy.deepcopy and pickle take the state and history only: the decoder is rebuilt on the next step.
-        return {**self.__dict__, "_decoding": None}
+        return {**self.__dict__, "_conv_own": None}
 
 
 class LinearAttention(nn.Module):
@@ -245,10 +244,11 @@ class LinearAttention(nn.Module):
         state = cache.state
         if not isinstance(state, State):
             raise TypeError(f"{name}.state must be a linattn.State, got {type(state).__name__}")
-        if state.rule is not None and state.rule != self.rule:
+        mismatch = record_mismatch(state, self.rule, feature_map_name(self.feature_map))
+        if mismatch == "rule":
             raise ValueError(f"{name} was made by a layer with rule {state.rule!r}; this layer runs rule "
                              f"{self.rule!r} (a cache from another layer?)")
-        if state.feature_map is not None and state.feature_map != feature_map_name(self.feature_map):
+        if mismatch == "feature_map":
             raise ValueError(f"{name} was made with feature_map {state.feature_map!r}; this layer uses "
                              f"{feature_map_name(self.feature_map)!r} (a cache from another layer?)")
         if state.S.dim() != 4 or state.S.shape[0] != B:
@@ -319,30 +319,29 @@ class LinearAttention(nn.Module):
         return self.o_proj(o.reshape(B, T, HV * Dv))
 
     def _decoder(self, cache: LinearAttentionCache, dtype: torch.dtype) -> linattn.Decoder:
-        """The prepared decode loop of ``cache`` for this layer, built on its first in-place step (again when the
-        layer, the cache's state object or its conv tensor was replaced, or when tensors made under inference mode
-        are to be written outside it). The state is kept where an in-place step
-        can update it; otherwise (not in ``state_dtype``, memory an in-place step refuses, inference tensors outside
-        inference mode, a state that requires grad) a copy in linattn's layout replaces it, once. The conv history
-        becomes the cache's own contiguous copy in ``dtype`` (x's), which no longer holds the prefill's inputs."""
-        held = cache._decoding
-        if held is not None and held[0]() is self and held[1].state is cache.state and held[2] is cache.conv and (
-                torch.is_inference_mode_enabled() or not _frozen(cache)):
-            return held[1]
+        """The prepared decode loop of ``cache`` for this layer's arguments, built on its first in-place step (again
+        when the arguments or the cache's state object changed, or when a state made under inference mode is to be
+        written outside it). The state is kept where an in-place step can update it; otherwise (not in
+        ``state_dtype``, memory an in-place step refuses, inference tensors outside inference mode, a state that
+        requires grad) a copy in linattn's layout replaces it, once. The conv history
+        becomes the cache's own contiguous copy in ``dtype`` (x's), which no longer holds the prefill's inputs (again
+        when it was replaced, or made under inference mode and written outside it)."""
         kwargs = dict(rule=self.rule, feature_map=self.feature_map, normalize=self.normalize, backend=self.backend)
         state, target = cache.state, self.state_dtype or cache.state.dtype
         dec = None
         if state.dtype == target:
-            try:
-                dec = linattn.Decoder(state, **kwargs)
+            try:  # the one kept for this cache (linattn.decode.decoder_for), or a new one on this state
+                dec = decode.decoder_for(cache, state, **kwargs)
             except ValueError:  # the in-place check refused this state's memory: decode a copy
                 dec = None
         if dec is None:
-            dec = linattn.Decoder(_writable_copy(state, target), **kwargs)
-        if cache.conv is not None:
-            cache.conv = cache.conv.detach().to(dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+            dec = decode.decoder_for(cache, _writable_copy(state, target), **kwargs)
+        conv = cache.conv
+        if conv is not None and (cache._conv_own is not conv or (
+                conv.is_inference() and not torch.is_inference_mode_enabled())):
+            cache.conv = cache._conv_own = conv.detach().to(dtype=dtype, memory_format=torch.contiguous_format,
+                                                            copy=True)
         cache.state = dec.state
-        cache._decoding = (weakref.ref(self), dec, cache.conv)
         return dec
 
 
@@ -351,11 +350,6 @@ def _records(q, k, v, g, beta, state: State) -> bool:
     v, g, beta; the state) requires grad."""
     return torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, g, beta, state.S, state.z))
-
-
-def _frozen(cache: LinearAttentionCache) -> bool:
-    """The cache holds inference tensors (made under ``torch.inference_mode``), which cannot be written outside it."""
-    return cache.state.S.is_inference() or (cache.conv is not None and cache.conv.is_inference())
 
 
 def _writable_copy(state: State, dtype: torch.dtype) -> State:

@@ -4,11 +4,9 @@ boundaries from the names HF passes them by, and the decoder kept per state tens
 from __future__ import annotations
 
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
 
-import linattn
 from linattn.checks import check_cu_seqlens
-from linattn.state import State
+from linattn.decode import decoder_for
 
 
 def on_linattn(backend: str, fallback, *tensors: torch.Tensor) -> bool:
@@ -43,12 +41,6 @@ def packed_boundaries(kwargs: dict, T: int, B: int, device) -> torch.Tensor | No
     return torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), T)]).to(torch.int32).to(device)
 
 
-# The prepared decode loop of each state tensor that a decode step updated in place (HF's cache holds one per layer):
-# (what it was built for, the Decoder). Weak: an entry goes with its tensor; the Decoder holds a detached alias of
-# it (same memory, another tensor object), so that it does not keep the key alive.
-DECODERS = WeakTensorKeyDictionary()
-
-
 def decoder(key: torch.Tensor, S: torch.Tensor, inputs, rule: str, feature_map, scale, backend, normalize=None):
     """The decoder that updates ``S`` (linattn's view of HF's state tensor ``key``) in place for this step, or
     None where the step must not write it: autograd records (grad enabled and an input or S requiring grad), S is
@@ -59,16 +51,8 @@ def decoder(key: torch.Tensor, S: torch.Tensor, inputs, rule: str, feature_map, 
     if (inputs[0].dtype != torch.float64 and S.dtype != torch.float32) or (
             S.is_inference() and not torch.is_inference_mode_enabled()):
         return None
-    made_for = (rule, feature_map, scale, backend, normalize)
-    held = DECODERS.get(key)
-    if held is not None and held[0] == made_for:
-        mine = held[1].state.S  # the same memory, unless S was re-pointed in place (set_, resize_)
-        if mine.data_ptr() == S.data_ptr() and mine.shape == S.shape and mine.stride() == S.stride():
-            return held[1]
-    try:
-        dec = linattn.Decoder(State(S.detach()), rule=rule, feature_map=feature_map, scale=scale, normalize=normalize,
-                              backend=backend)
+    try:  # one Decoder kept per HF state tensor (linattn.decode.decoder_for), rebuilt when S was re-pointed
+        return decoder_for(key, S, rule=rule, feature_map=feature_map, scale=scale, normalize=normalize,
+                           backend=backend)
     except ValueError:  # memory or inference tensors an in-place step refuses: the functional path
         return None
-    DECODERS[key] = (made_for, dec)
-    return dec

@@ -29,6 +29,7 @@ from types import ModuleType
 
 import torch
 
+from linattn.layout import with_ones_column, zero_state
 from linattn.ops import DELTA_RULES
 from linattn.ops.common import normalized_read
 
@@ -121,7 +122,7 @@ class _TritonChunk(torch.autograd.Function):
             leaves = [None if x is None else x.detach().requires_grad_(n) for x, n in zip(saved, need, strict=True)]
             q, k, v, g, beta, s0 = leaves
             if s0 is None:
-                s0 = q.new_zeros(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1])
+                s0 = zero_state(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], False, q.dtype, q.device)
             o, S = _torch_rule(ctx.rule).FORMS["chunk"](
                 q, k, v, g=g, beta=beta, initial_state=s0, chunk_size=ctx.chunk_size, scale=ctx.scale
             )
@@ -202,7 +203,7 @@ def linear_attention(
     if fmap is not None:
         q, k = fmap(q.to(acc)), fmap(k.to(acc))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    vv = torch.cat([v.to(q.dtype), torch.ones_like(v[..., :1], dtype=q.dtype)], dim=-1) if normalize else v.to(q.dtype)
+    vv = with_ones_column(v, q.dtype) if normalize else v.to(q.dtype)
 
     def hf(x):
         return None if x is None else x.transpose(1, 2)
