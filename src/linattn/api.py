@@ -51,13 +51,13 @@ def linear_attention(
 ) -> tuple[torch.Tensor, State | None]:
     """Causal linear attention over a whole sequence; every ``form`` computes the same function.
 
-    Shapes: ``q, k [B, T, H, Dk_in]``, ``v [B, T, HV, Dv]``, output ``o [B, T, HV, Dv]`` in ``v.dtype``. ``HV`` is
+    Shapes: ``q, k [B, T, H, D]``, ``v [B, T, HV, Dv]``, output ``o [B, T, HV, Dv]`` in ``v.dtype``. ``HV`` is
     ``H`` or a multiple of it (grouped value heads, as in flash-linear-attention and Qwen3-Next): q/k head ``h``
     serves value heads ``h * HV/H`` to ``(h + 1) * HV/H - 1`` (``repeat_interleave``); ``g``, ``beta`` and the
     state have ``HV`` heads.
 
     Args:
-        q: queries ``[B, T, H, Dk_in]``, before the feature map.
+        q: queries ``[B, T, H, D]``, before the feature map.
         k: keys, the shape of ``q``.
         v: values ``[B, T, HV, Dv]``.
         rule: ``"accumulate"`` S_t = S_{t-1} + k v^T; ``"gated"`` S_t = a_t S_{t-1} + k v^T (``a = exp(g)``, per head
@@ -110,7 +110,7 @@ def linear_attention(
     if call.cu_seqlens is not None:
         return run_packed(call, q, k, v, g, beta, initial_state)
     if initial_state is None:
-        S = zero_state(call.B, call.H, call.Dk, call.Dv, call.normalize, call.dtype, q.device)
+        S = zero_state(call.B, call.HV, call.r, call.Dv, call.normalize, call.dtype, q.device)
     else:
         S = state_tensor(initial_state, call.normalize, call.dtype)
     o, S = run(call, q, k, v, g, beta, S)
@@ -137,7 +137,7 @@ def step(
 ) -> tuple[torch.Tensor, State]:
     """One-token decode: write token t into ``state``, then read it with the query.
 
-    Shapes: ``q, k [B, H, Dk_in]``, ``v [B, HV, Dv]``, ``g [B, HV]`` (or ``[B, HV, r]`` per key channel),
+    Shapes: ``q, k [B, H, D]``, ``v [B, HV, Dv]``, ``g [B, HV]`` (or ``[B, HV, r]`` per key channel),
     ``beta [B, HV]`` (HV a multiple of H: grouped value heads, see :func:`linear_attention`);
     returns ``o [B, HV, Dv]`` and the new :class:`State`. Arguments mean what they mean in
     :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).

@@ -22,10 +22,11 @@ from linattn.state import State
 
 @dataclass(frozen=True)
 class Call:
-    """A prepared call. Sizes: ``B`` batch (1 when packed), ``T`` tokens (1 for a step), ``Hq`` q/k heads, ``H``
-    value heads (a multiple of ``Hq``), ``Dk`` the feature width (after the feature map), ``Dv`` v's width,
-    ``d_in`` q's width. ``gate``: None, ``"head"`` or ``"channel"``. ``dtype``: the accumulation (state) dtype.
-    ``scale``: as given (None: ``Dk ** -0.5``, applied by the runner). ``grad``: autograd is recording and some
+    """A prepared call. Sizes, named as in the public docs: ``B`` batch (1 when packed), ``T`` tokens (1 for a
+    step), ``H`` q/k heads, ``HV`` value heads (a multiple of ``H``), ``D`` the width of q and k, ``r`` the feature
+    width (after the feature map: the state's rows), ``Dv`` v's width. ``gate``: None, ``"head"`` or
+    ``"channel"``. ``dtype``: the accumulation (state) dtype. ``scale``: as given (None: ``r ** -0.5``, applied by
+    the runner). ``grad``: autograd is recording and some
     input (or a parametrized feature map) requires grad. ``cu_seqlens``: int64 ``[N + 1]`` or None."""
 
     rule: str
@@ -42,11 +43,11 @@ class Call:
     backend: str
     B: int
     T: int
-    Hq: int
     H: int
-    Dk: int
+    HV: int
+    r: int
     Dv: int
-    d_in: int
+    D: int
     gate: str | None
     grad: bool
     output_final_state: bool
@@ -73,8 +74,8 @@ def prepare(
     checks.check_scalars(eps, eps_mode, scale)
     checks.check_chunk_size(chunk_size)
     checks.check_flag("output_final_state", output_final_state)
-    B, T, Hq, d_in = q.shape
-    H, Dv = v.shape[-2:]  # the state has one entry per value head
+    B, T, H, D = q.shape
+    HV, Dv = v.shape[-2:]  # the state has one entry per value head
     cu = None if cu_seqlens is None else checks.check_cu_seqlens(cu_seqlens, T, B, q.device)
     normalize = checks.resolve_normalize(rule, normalize)
     dtype = checks.compute_dtype(q.dtype, state_dtype)
@@ -82,23 +83,23 @@ def prepare(
     # The map acts token by token, so one token tells the feature width before any work is done (in the
     # accumulation dtype, where the runners apply it).
     probe = features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0]
-    Dk = probe.shape[-1]
-    checks.check_gate_and_beta(rule, g, beta, (B, T, H), Dk, q.device)
+    r = probe.shape[-1]
+    checks.check_gate_and_beta(rule, g, beta, (B, T, HV), r, q.device)
     N = B if cu is None else cu.numel() - 1
     if initial_state is not None:
         S_in = getattr(initial_state, "S", None)
         if cu is not None and isinstance(initial_state, State) and isinstance(S_in, torch.Tensor) and (
                 S_in.dim() == 4 and S_in.shape[0] != N):
             raise ValueError(f"initial_state holds {S_in.shape[0]} states but cu_seqlens describes N = {N} sequences; "
-                             "a packed call takes one initial state per sequence, [N, H, Dk, Dv]")
-        checks.check_state(initial_state, N, H, Dk, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
-                           d_in=d_in)
+                             "a packed call takes one initial state per sequence, [N, HV, r, Dv]")
+        checks.check_state(initial_state, N, HV, r, Dv, normalize, q.device, rule=rule, feature_map=feature_map,
+                           d_in=D)
     tracked = (q, k, v, g, beta) + (() if initial_state is None else (initial_state.S, initial_state.z))
     # A callable feature map may carry parameters: its output on one token tells whether autograd is needed.
     grad = torch.is_grad_enabled() and (probe.requires_grad or any(t is not None and t.requires_grad for t in tracked))
     return Call(rule=rule, form=form, ops=mod, feature_map=feature_map, fmap=fmap, normalize=normalize,
                 scale=scale, eps=eps, eps_mode=eps_mode, dtype=dtype, chunk_size=chunk_size, backend=backend, B=B,
-                T=T, Hq=Hq, H=H, Dk=Dk, Dv=Dv, d_in=d_in, gate=None if g is None else gate_kind(g, 4), grad=grad,
+                T=T, H=H, HV=HV, r=r, Dv=Dv, D=D, gate=None if g is None else gate_kind(g, 4), grad=grad,
                 output_final_state=output_final_state, cu_seqlens=cu)
 
 
@@ -117,23 +118,23 @@ def prepare_step(
     checks.check_scalars(eps, eps_mode, scale)
     checks.check_flag("inplace", inplace)
     normalize = checks.resolve_normalize(rule, normalize)
-    B, Hq, d_in = q.shape
-    H, Dv = v.shape[-2:]
+    B, H, D = q.shape
+    HV, Dv = v.shape[-2:]
     if state is not None and not isinstance(state, State):
         raise TypeError(f"state must be a linattn.State or None, got {type(state).__name__}")
     dtype = checks.compute_dtype(q.dtype, state_dtype if state_dtype is not None or state is None else state.dtype)
     fmap = resolve_feature_map(feature_map)
-    Dk = d_in if fmap is None else features(q[:1].to(dtype), k[:1].to(dtype), fmap, scale)[0].shape[-1]
-    checks.check_gate_and_beta(rule, g, beta, (B, H), Dk, q.device)
+    r = D if fmap is None else features(q[:1].to(dtype), k[:1].to(dtype), fmap, scale)[0].shape[-1]
+    checks.check_gate_and_beta(rule, g, beta, (B, HV), r, q.device)
     if inplace:
         checks.check_inplace_inputs(q=q, k=k, v=v, g=g, beta=beta)
     if state is not None:
-        checks.check_state(state, B, H, Dk, Dv, normalize, q.device, name="state", rule=rule,
-                           feature_map=feature_map, d_in=d_in)
+        checks.check_state(state, B, HV, r, Dv, normalize, q.device, name="state", rule=rule,
+                           feature_map=feature_map, d_in=D)
         if inplace:
             checks.check_inplace(state, normalize, dtype)
             checks.check_inplace_batched(state, q=q, k=k, v=v, g=g, beta=beta)
     return Call(rule=rule, form="step", ops=mod, feature_map=feature_map, fmap=fmap, normalize=normalize,
                 scale=scale, eps=eps, eps_mode=eps_mode, dtype=dtype, chunk_size=1, backend=backend, B=B, T=1,
-                Hq=Hq, H=H, Dk=Dk, Dv=Dv, d_in=d_in, gate=None if g is None else gate_kind(g, 3), grad=False,
+                H=H, HV=HV, r=r, Dv=Dv, D=D, gate=None if g is None else gate_kind(g, 3), grad=False,
                 output_final_state=True)

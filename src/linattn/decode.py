@@ -170,7 +170,7 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
 def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -> tuple[torch.Tensor, State]:
     """A prepared decode step off the fast path: the compiled step where the backend takes it, else the rule's
     torch step."""
-    dtype, normalize, H = call.dtype, call.normalize, call.H
+    dtype, normalize, H = call.dtype, call.normalize, call.HV
     qf, kf, scale = features(q.to(dtype), k.to(dtype), call.fmap, call.scale)
     qf, kf = group_heads(qf, H), group_heads(kf, H)
     # Decode is dominated by per-op overhead, so save one: with the normalizer, (s q)^T S / ((s q)^T z + eps)
@@ -180,7 +180,7 @@ def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -
         qf = qf * scale
     eps = call.eps / scale if fold_scale else call.eps
     if state is None:
-        state = State.zeros(call.B, H, call.Dk, call.Dv, normalizer=normalize, dtype=dtype, device=q.device)
+        state = State.zeros(call.B, H, call.r, call.Dv, normalizer=normalize, dtype=dtype, device=q.device)
     S = state_tensor(state, normalize, dtype)
     into = state if inplace else None
     fast = backends.step(call.backend, rule=call.rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
@@ -234,7 +234,7 @@ class Decoder:
         """One token: write it into :attr:`state` (in place), then read it with the query.
 
         Args:
-            q: query ``[B, H, Dk_in]``, before the feature map.
+            q: query ``[B, H, D]``, before the feature map.
             k: key, the shape of ``q``.
             v: value ``[B, HV, Dv]`` (HV a multiple of H: grouped value heads).
             g: log-gate ``[B, HV]`` (or ``[B, HV, r]`` per key channel) for the gated rules, else None.

@@ -39,8 +39,8 @@ from linattn.state import State
 
 # The descriptor fields every rank must agree on, with the words an error uses for them.
 _AGREE = {
-    "rule": "rule", "B": "batch size B", "H": "heads H", "Dq": "query/key width D", "Dv": "value width Dv",
-    "Dk": "feature width r", "dtype": "input dtype", "state_dtype": "state dtype", "device_type": "device type",
+    "rule": "rule", "B": "batch size B", "H": "heads H", "D": "query/key width D", "Dv": "value width Dv",
+    "r": "feature width r", "dtype": "input dtype", "state_dtype": "state dtype", "device_type": "device type",
     "normalize": "normalize", "feature_map": "feature_map", "scale": "scale", "eps": "eps", "eps_mode": "eps_mode",
     "gate": "gate shape (per head / per channel)", "grad": "autograd (some rank's inputs require grad)",
     "backend": "backend",
@@ -122,7 +122,7 @@ def _describe(call: Call, q: torch.Tensor, state_dtype) -> dict:
         return x if x is None or isinstance(x, (bool, int, float, str)) else repr(x)
 
     return {
-        "rule": call.rule, "B": call.B, "H": call.Hq, "Dq": call.d_in, "Dv": call.Dv, "Dk": call.Dk, "T": call.T,
+        "rule": call.rule, "B": call.B, "H": call.H, "D": call.D, "Dv": call.Dv, "r": call.r, "T": call.T,
         "dtype": str(q.dtype), "state_dtype": str(state_dtype), "device_type": q.device.type,
         "normalize": call.normalize, "feature_map": name, "scale": plain(call.scale), "eps": plain(call.eps),
         "eps_mode": call.eps_mode, "gate": call.gate, "grad": call.grad, "backend": call.backend, "error": None,
@@ -198,8 +198,8 @@ def linear_attention(
                        eps=eps, eps_mode=eps_mode, g=g, beta=beta, initial_state=initial_state,
                        output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
                        cu_seqlens=None, backend=backend)
-        if call.H != call.Hq:
-            raise ValueError(f"v has {call.H} heads but q has {call.Hq}: grouped value heads are not supported by "
+        if call.HV != call.H:
+            raise ValueError(f"v has {call.HV} heads but q has {call.H}: grouped value heads are not supported by "
                              "linattn.distributed")
         desc = _describe(call, q, state_dtype)
         normalize, dtype = call.normalize, call.dtype

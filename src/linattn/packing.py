@@ -108,7 +108,7 @@ def run_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tup
     if normalize:
         vv = with_ones_column(vv)
     if initial_state is None:
-        S = zero_state(N, call.H, call.Dk, call.Dv, normalize, dtype, q.device)
+        S = zero_state(N, call.HV, call.r, call.Dv, normalize, dtype, q.device)
     else:
         S = state_tensor(initial_state, normalize, dtype)
     # A compiled backend runs the packed tokens directly, one state per sequence (no padding, no segments).

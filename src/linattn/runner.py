@@ -1,8 +1,8 @@
 """Runs a prepared whole-sequence call (:class:`linattn.call.Call`): a compiled backend where it takes the call
 (:func:`compiled`, through :mod:`linattn.backends`), else the rule's torch form over slabs (:func:`run_torch`).
 
-Inputs are the public layout ``q, k [B, T, Hq, d_in]``, ``v [B, T, H, Dv']``, ``g``, ``beta``, already checked;
-``S [B, H, Dk, Dv']`` is the starting state in the accumulation dtype (``[S | z]`` when normalized: then ``Dv'``
+Inputs are the public layout ``q, k [B, T, H, D]``, ``v [B, T, HV, Dv']``, ``g``, ``beta``, already checked;
+``S [B, HV, r, Dv']`` is the starting state in the accumulation dtype (``[S | z]`` when normalized: then ``Dv'``
 is ``Dv + 1`` inside the runners and v gets its ones column here). Nothing is validated again.
 """
 
@@ -53,9 +53,9 @@ def run_torch(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tens
     """The rule's torch form. The chunk form runs over slabs of whole chunks, carrying the state: the same
     arithmetic, but each slab's temporaries stay in cache and peak memory stays bounded however long the
     sequence. Other forms take it whole. Without autograd, each slab writes its share of the output in place."""
-    B, T, H, Dv, dtype, normalize = call.B, call.T, call.H, call.Dv, call.dtype, call.normalize
+    B, T, H, Dv, dtype, normalize = call.B, call.T, call.HV, call.Dv, call.dtype, call.normalize
     form = call.ops.FORMS[call.form]
-    slab = slab_tokens(B * H, call.Dk + Dv, call.chunk_size, torch.finfo(dtype).bits // 8) if (
+    slab = slab_tokens(B * H, call.r + Dv, call.chunk_size, torch.finfo(dtype).bits // 8) if (
         call.form == "chunk") else T
     if call.grad:
         out = None
