@@ -387,12 +387,12 @@ exp32_jit = numba.njit(**_INLINE)(exp32)
 features_jit = numba.njit(**_INLINE)(features)
 
 
-def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
+def _prefill(q, k, v, alpha, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
              ckpt, ck_start, cols, fcode, u0, u1, r0, r1):
     """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
 
     q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq), float32, or int16 holding bfloat16 bits (q, k and v
-    alike: each element is widened as it is loaded); G [T, H, 1 or Dk] the gates already exponentiated
+    alike: each element is widened as it is loaded); alpha [T, H, 1 or Dk] the gates already exponentiated
     (a = exp(g)); beta [T, H]; o [T, H, Dv]; den [T, H] scratch for the normalizer's read. Sequence n is tokens
     ``cu[n] ... cu[n+1] - 1`` and runs from its own state ``ST [N, H, Dw, Dk]`` (updated in place); an unpacked
     batch is the case ``cu = [0, T, 2T, ...]`` of its flattened rows. A sequence never reads another's tokens, and
@@ -430,8 +430,8 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
         j0 = blk * cols
         j1 = Dw if blk == nblk - 1 else j0 + cols
         STbh = ST[n, h]
-        base = ST.ctypes.data  # ST, q, k, v, o, G are C-contiguous (the caller checks)
-        q_at, k_at, v_at, o_at, G_at = q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, G.ctypes.data
+        base = ST.ctypes.data  # ST, q, k, v, o, alpha are C-contiguous (the caller checks)
+        q_at, k_at, v_at, o_at, alpha_at = q.ctypes.data, k.ctypes.data, v.ctypes.data, o.ctypes.data, alpha.ctypes.data
         qb, vb = q.itemsize, v.itemsize  # bytes per element: 4, or 2 for bfloat16 bits
         # Local vectors, one allocation each: LLVM then knows that none of them is the state.
         vec = np.empty((4, Dk), dtype=np.float32)  # the token's vectors, passed to the quads by address
@@ -452,13 +452,13 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                 _prefetch_span_jit(v_at + ((tp * H + h) * Dv + j0) * vb, (min(j1, Dv) - j0) * vb)
                 _prefetch_span_jit(o_at + ((tp * H + h) * Dv + j0) * 4, (min(j1, Dv) - j0) * 4)
                 if per_channel:
-                    _prefetch_span_jit(G_at + (tp * H + h) * Dk * 4, Dk * 4)
+                    _prefetch_span_jit(alpha_at + (tp * H + h) * Dk * 4, Dk * 4)
             a = np.float32(1.0)
             if per_channel:
                 for i in range(Dk):
-                    ga[i] = G[t, h, i]
+                    ga[i] = alpha[t, h, i]
             elif gated:
-                a = G[t, h, 0]
+                a = alpha[t, h, 0]
             mode = 2 if per_channel else (1 if gated else 0)
             for i in range(Dk):
                 qa[i] = _f32(q[t, hq, i])
@@ -483,7 +483,7 @@ def _prefill(q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gat
                     features_jit(kn, kn, fcode)
                 if per_channel:
                     for i in range(Dk):
-                        kn[i] = kn[i] * G[tn, h, i]
+                        kn[i] = kn[i] * alpha[tn, h, i]
                 ap = np.float32(1.0) if per_channel else a  # the gate still to apply to the prediction
                 bt = beta[t, h]
                 j = j0
@@ -839,7 +839,7 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
         raise ValueError(f"fmap: the kernel applies {', '.join(sorted(m for m in FEATURE_CODES if m))} or None, "
                          f"got {fmap!r}")
     fcode = FEATURE_CODES[fmap]
-    G = np.exp(g) if gated else _DUMMY3  # exp(-inf) = 0: an exact reset
+    alpha = np.exp(g) if gated else _DUMMY3  # exp(-inf) = 0: an exact reset
     beta = _DUMMY2 if beta is None else beta
     if not (q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.int16)):
         raise ValueError(f"prefill: q, k, v must all be float32 or all int16 (bfloat16 bits), got {q.dtype}, "
@@ -849,13 +849,13 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
         ckpt = buffers.empty((count, H, Dw, Dk)).numpy()
     else:
         ck_start, ckpt = _DUMMY_I, _DUMMY4
-    if not all(x.flags.c_contiguous for x in (q, k, v, G, ST, o)):
+    if not all(x.flags.c_contiguous for x in (q, k, v, alpha, ST, o)):
         raise ValueError("prefill: q, k, v, g, ST and o must be C-contiguous")
     den = np.empty((q.shape[0], H), dtype=np.float32) if normalize else _DUMMY2
     cols = prefill_cols(N * H, v.shape[2], threads) if cols is None else int(cols)
     if cols < 1:
         raise ValueError(f"cols: expected a positive number of value rows, got {cols}")
-    args = (q, k, v, G, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
+    args = (q, k, v, alpha, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every, ckpt,
             ck_start, cols, fcode)
     units, rows = N * H * max(1, v.shape[2] // cols), q.shape[0] * H
     if threads <= 1:
