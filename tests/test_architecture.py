@@ -237,3 +237,13 @@ def test_the_record_scan_sees_a_comparison():
     tree = ast.parse("def f(state, rule):\n    if state.rule is not None and state.rule != rule:\n        pass\n")
     assert _record_comparisons(tree) == [2]
     assert _record_comparisons(ast.parse("def f(self, rule):\n    return self.rule != rule\n")) == []
+
+
+def test_docstrings_speak_markdown():
+    """The API reference renders docstrings as Markdown: a Sphinx role (:func:`x`) would show literally there."""
+    import re
+
+    role = re.compile(r":(?:py:)?(?:func|class|mod|meth|data|attr|exc|obj):`")
+    hits = [f"{path.relative_to(SRC)}:{i}" for path in SRC.rglob("*.py")
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if role.search(line)]
+    assert not hits, "Sphinx roles in the source:\n" + "\n".join(hits)

@@ -1,7 +1,7 @@
-"""The public torch API: :func:`linear_attention` for whole sequences, :func:`step` for one-token decode.
+"""The public torch API: `linear_attention` for whole sequences, `step` for one-token decode.
 
-Both turn their arguments into one validated :class:`linattn.call.Call` (:mod:`linattn.call`, through
-:mod:`linattn.checks`), then hand it to a runner: :mod:`linattn.runner` for a sequence, :mod:`linattn.packing`
+Both turn their arguments into one validated `linattn.call.Call` (`linattn.call`, through
+`linattn.checks`), then hand it to a runner: `linattn.runner` for a sequence, `linattn.packing`
 for packed sequences, the decode route below for a step. Every form of every rule shares this one signature and
 these defaults. ``import linattn`` loads no compiled kernel (numba and Triton load on first use).
 """
@@ -66,7 +66,7 @@ def linear_attention(
             The output reads the state after the write: o_t = S_t^T q_t (divided by q_t^T z_t if normalized).
         form: ``"recurrent"`` (token loop, the semantics), ``"chunk"`` (default; matmuls inside chunks, state carried
             between them; the training path), ``"parallel"`` (dense masked T x T; accumulate, gated), ``"scan"``
-            (log-depth associative scan; accumulate, gated). :func:`supported_forms` lists them per rule.
+            (log-depth associative scan; accumulate, gated). `supported_forms` lists them per rule.
         feature_map: ``None`` (q, k are features already), ``"relu1"``, ``"elu1"``, ``"identity"``, ``"l2"``
             (x / |x|, as fla and Qwen3-Next normalize q and k), ``"taylor2"`` (Based, width 1 + D + D^2) or a
             callable ``[..., D] -> [..., r]``.
@@ -80,14 +80,14 @@ def linear_attention(
         g: log-gate (``g <= 0``), ``[B, T, HV]`` or per key channel ``[B, T, HV, r]`` (GLA; for ``"gated_delta"``
             Kimi Delta Attention, S_t = (I - beta k k^T) diag(a_t) S_{t-1} + beta k v^T). Gated rules only.
         beta: write strength ``[B, T, HV]`` for the delta rules. The write converges for ``0 < beta |k|^2 < 2``.
-        initial_state: a :class:`State` with ``S [B, HV, r, Dv]`` (and ``z [B, HV, r]`` when normalized).
+        initial_state: a [`State`][linattn.State] with ``S [B, HV, r, Dv]`` (and ``z [B, HV, r]`` when normalized).
         output_final_state: return the state after the last token (else ``None``).
         chunk_size: tokens per chunk in the ``"chunk"`` form (any T works, the last chunk may be shorter).
         state_dtype: accumulation dtype; default float32, or float64 when the inputs are float64.
         cu_seqlens: packed sequences (as flash-linear-attention and FlashAttention): an int tensor ``[N + 1]``,
             0 ... T nondecreasing, with ``B = 1``; sequence i is tokens ``cu_seqlens[i]:cu_seqlens[i+1]``. Nothing
             crosses a boundary; ``initial_state`` and the final state have N entries (a zero-length sequence passes
-            its initial state through). See :mod:`linattn.packing`.
+            its initial state through). See `linattn.packing`.
         backend: ``"auto"`` (default: the compiled CPU kernel where it covers the call and was measured faster,
             else the torch forms; on CUDA the torch forms, the Triton kernels only when forced), ``"torch"``
             (PyTorch operations, any device: every rule in every form, forward, backward and double backward),
@@ -95,7 +95,7 @@ def linear_attention(
             step and backward; a double backward recomputes in the torch forms) or ``"triton"`` (the Triton
             kernels: every rule's chunk forward and backward and the decode step; CUDA, or CPU under
             ``TRITON_INTERPRET=1``). A forced backend that cannot run the call is a ``ValueError`` naming the
-            reason. See :mod:`linattn.backends`.
+            reason. See `linattn.backends`.
 
     A log-gate of ``-inf`` is an exact reset (the state before it is forgotten, in every form); NaN in ``g`` is an
     error. Any other NaN or Inf input is neither masked nor raised: it reaches the state and every later output, and in
@@ -138,13 +138,13 @@ def step(
     """One-token decode: write token t into ``state``, then read it with the query.
 
     Shapes: ``q, k [B, H, D]``, ``v [B, HV, Dv]``, ``g [B, HV]`` (or ``[B, HV, r]`` per key channel),
-    ``beta [B, HV]`` (HV a multiple of H: grouped value heads, see :func:`linear_attention`);
-    returns ``o [B, HV, Dv]`` and the new :class:`State`. Arguments mean what they mean in
-    :func:`linear_attention`, which this agrees with token by token (prefill there, decode here).
+    ``beta [B, HV]`` (HV a multiple of H: grouped value heads, see [`linear_attention`][linattn.linear_attention]);
+    returns ``o [B, HV, Dv]`` and the new [`State`][linattn.State]. Arguments mean what they mean in
+    [`linear_attention`][linattn.linear_attention], which this agrees with token by token (prefill there, decode here).
     ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
     one (no autograd through it: an input that requires grad is refused while grad is on); the state must then
     already be in the accumulation dtype.
-    ``backend`` as in :func:`linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
+    ``backend`` as in `linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
     Under ``torch.func.vmap`` the torch step runs and the gate's values are not checked (``g <= 0``: a batched
     tensor's values cannot be read into Python); ``inplace=True`` there needs a state that vmap batches too.
     """

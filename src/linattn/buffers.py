@@ -62,7 +62,7 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.T
 
 
 class _Memory:
-    """What :func:`array` hands NumPy: the tensor's memory described by address, and the tensor kept alive."""
+    """What `array` hands NumPy: the tensor's memory described by address, and the tensor kept alive."""
 
     __slots__ = ("__array_interface__", "tensor")
 

@@ -1,9 +1,9 @@
-"""One validated, immutable description of a call: what :func:`prepare` (whole sequences, packed or not) and
-:func:`prepare_step` (one decode token) build from the public arguments, and what every runner below takes.
+"""One validated, immutable description of a call: what `prepare` (whole sequences, packed or not) and
+`prepare_step` (one decode token) build from the public arguments, and what every runner below takes.
 
 Every entry point (``linear_attention``, ``step``, packed calls, ``linattn.distributed``, the nn layers through
-them, the HF integration through them) checks its arguments here, once, through :mod:`linattn.checks`; the
-runners (:mod:`linattn.runner`, :mod:`linattn.packing`, :mod:`linattn.decode`, :mod:`linattn.backends`) trust
+them, the HF integration through them) checks its arguments here, once, through `linattn.checks`; the
+runners (`linattn.runner`, `linattn.packing`, `linattn.decode`, `linattn.backends`) trust
 the description.
 """
 
@@ -63,7 +63,7 @@ def prepare(
     q, k, v, *, rule, form, feature_map, normalize, scale, eps, eps_mode, g, beta, initial_state,
     output_final_state, chunk_size, state_dtype, cu_seqlens, backend,
 ) -> Call:
-    """Check every argument of :func:`linattn.linear_attention` (in the order its errors are documented) and
+    """Check every argument of `linattn.linear_attention` (in the order its errors are documented) and
     resolve the defaults; raises the first problem, naming the argument."""
     mod = checks.rule_module(rule)
     checks.check_form(mod, rule, form)
@@ -111,7 +111,7 @@ def gate_kind(g: torch.Tensor, token_dims: int) -> str:
 def prepare_step(
     q, k, v, state, *, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace, backend,
 ) -> Call:
-    """Check every argument of :func:`linattn.step` and resolve the defaults (``state=None``: zeros)."""
+    """Check every argument of [`linattn.step`][linattn.step] and resolve the defaults (``state=None``: zeros)."""
     mod = checks.rule_module(rule)
     checks.check_backend(backend)
     checks.check_qkv(q, k, v, 3)

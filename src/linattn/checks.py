@@ -1,7 +1,7 @@
 """Every argument check of the public calls, in one place: each raises a ``TypeError``/``ValueError`` that names the
 argument and says what was wrong, before any work is done.
 
-:mod:`linattn.call` runs these checks in order to build one :class:`linattn.call.Call`; the nn layers and the
+`linattn.call` runs these checks in order to build one `linattn.call.Call`; the nn layers and the
 HF integration run the ones that concern their own constructor arguments up front. Nothing here computes.
 """
 
@@ -136,7 +136,7 @@ def _all_nonpositive(g: torch.Tensor) -> bool:
 
 
 def _nonpositive_or_batched(g: torch.Tensor) -> bool:
-    """:func:`_all_nonpositive`, or True under ``torch.func.vmap``: a batched tensor's values cannot be read
+    """`_all_nonpositive`, or True under ``torch.func.vmap``: a batched tensor's values cannot be read
     into Python (vmap raises on data-dependent control flow), so the value check is skipped there."""
     try:
         return _all_nonpositive(g)
@@ -332,7 +332,7 @@ def _overlapping(shape, stride) -> bool:
 
 
 def check_inplace_inputs(**tensors) -> None:
-    """``step(inplace=True)`` (and every :class:`linattn.Decoder` call) records no autograd graph: an input that
+    """``step(inplace=True)`` (and every `linattn.Decoder` call) records no autograd graph: an input that
     requires grad while grad mode is on is refused, before anything is written. (Left to run, the update would
     overwrite a state the delta rules' backward needs, and a k or v requiring grad would make the caller's state
     require grad, which the next in-place step refuses.)"""

@@ -1,6 +1,6 @@
-"""The one decode route of :func:`linattn.step` and :class:`Decoder`: :func:`fast_step` (one compiled call for
-the plain CPU case, proven from attribute reads before any check), else :func:`run_step` on a prepared call: the
-compiled step of the backend (:func:`linattn.backends.step`: numba or Triton) where it takes the call, else the
+"""The one decode route of `linattn.step` and `Decoder`: `fast_step` (one compiled call for
+the plain CPU case, proven from attribute reads before any check), else `run_step` on a prepared call: the
+compiled step of the backend (`linattn.backends.step`: numba or Triton) where it takes the call, else the
 rule's torch ``step``."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_ma
 
 
 def plain_args(backend, rule, feature_map, normalize, scale, eps, eps_mode) -> tuple | None:
-    """The fixed arguments of a step as :func:`fast_decode` takes them (the kernel module, the rule, the feature
+    """The fixed arguments of a step as `fast_decode` takes them (the kernel module, the rule, the feature
     code and name, normalize, gated, delta, scale or None for the default, eps, clamp), or None when they are not the
     plain case: a backend that lets the CPU kernel run, a rule, a built-in elementwise or L2 feature map, normalize a
     bool the rule allows (or None), a finite scale and eps as floats. Bad values are the full path's to name."""
@@ -61,12 +61,12 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     """One decode step in one compiled call: ``(o, None)`` after updating ``state`` in place, ``(o, buf)`` with the
     new ``[B, HV, D, Dw]`` state buffer otherwise; or None (nothing written) when the call is not the plain case.
 
-    The one proof of the plain case, shared by :func:`step` and :class:`Decoder`. At batch 1 the checks and the
+    The one proof of the plain case, shared by `step` and `Decoder`. At batch 1 the checks and the
     torch ops around a step cost as much as the step itself, so it proves with attribute reads only (each ~50 ns,
     where a torch op costs ~1 us, a function call ~100 ns: hence written out inline) that the call needs nothing
     the kernel lacks: q, k ``[B, Hq, D]``, v ``[B, HV, Dv]``, g and beta as the kernel reads them, all float32
     contiguous CPU tensors outside autograd with no negative views; a state whose record (if any) agrees with
-    ``fixed`` (from :func:`plain_args`) and whose S and z are the columns of one contiguous float32 buffer. Nothing
+    ``fixed`` (from `plain_args`) and whose S and z are the columns of one contiguous float32 buffer. Nothing
     is cached between calls: every fact is read again (a tensor's layout can change in place). A bad gate value
     is the kernel's to find (before it writes): then None, and the full path raises the error that names it."""
     kd, rule, code, fmap_name, normalize, gated, delta, scale, eps, clamp = fixed
@@ -147,7 +147,7 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
 
 def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
               backend) -> tuple[torch.Tensor, State] | None:
-    """The decode step of :func:`step` in one compiled call (:func:`fast_decode`), or None when the call is not the
+    """The decode step of [`step`][linattn.step] in one compiled call (`fast_decode`), or None when the call is not the
     plain case (then the full path gives the result, or the error that names the argument)."""
     if not (inplace is True or inplace is False) or not (state_dtype is None or state_dtype is _F32):
         return None
@@ -198,15 +198,15 @@ def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -
 class Decoder:
     """A prepared decode loop: the arguments that stay fixed over a generation are checked once, here; each call
     checks only what can change (shapes, dtypes, devices and layouts of q, k, v, g, beta and the state; the gate
-    and beta values) and updates :attr:`state` in place.
+    and beta values) and updates `state` in place.
 
     ``dec = linattn.Decoder(state, rule=..., feature_map=None, scale=None, normalize=None, eps=1e-6,
     eps_mode="add", backend="auto")``; ``o = dec(q, k, v, g=None, beta=None)`` with the shapes of
-    :func:`linattn.step` returns ``o [B, HV, Dv]``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)``
-    would, and raises the same errors for bad input. ``state`` must be a :class:`~linattn.State` that an in-place
+    [`linattn.step`][linattn.step] returns ``o [B, HV, Dv]``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)``
+    would, and raises the same errors for bad input. ``state`` must be a [`State`][linattn.State] that an in-place
     step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
     (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
-    compiled call; anything else runs :func:`linattn.step`'s full path.
+    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path.
     """
 
     def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,
@@ -231,7 +231,7 @@ class Decoder:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                  beta: torch.Tensor | None = None) -> torch.Tensor:
-        """One token: write it into :attr:`state` (in place), then read it with the query.
+        """One token: write it into `state` (in place), then read it with the query.
 
         Args:
             q: query ``[B, H, D]``, before the feature map.
@@ -268,12 +268,12 @@ DECODERS = WeakIdKeyDictionary()
 
 
 def decoder_for(holder, state: State | torch.Tensor, **fixed) -> Decoder:
-    """The :class:`Decoder` kept for ``holder`` when it was made with these ``fixed`` keyword arguments and
-    updates ``state``: the same :class:`State` object, or, for a bare tensor S (a state with no normalizer and no
+    """The [`Decoder`][linattn.Decoder] kept for ``holder`` when it was made with these ``fixed`` keyword arguments and
+    updates ``state``: the same `State` object, or, for a bare tensor S (a state with no normalizer and no
     record), the same memory (address, shape, strides: not re-pointed by ``set_``, ``resize_``), writable now (not
     an inference tensor outside inference mode). Else a new ``Decoder(state, **fixed)`` (for a tensor, of
     ``State(S.detach())``: an alias that does not keep ``holder`` alive), kept for ``holder`` (any object a weak
-    reference holds, compared by identity). Raises what :class:`Decoder` raises (a ValueError where an in-place
+    reference holds, compared by identity). Raises what `Decoder` raises (a ValueError where an in-place
     step refuses the state's memory)."""
     held = DECODERS.get(holder)
     if held is not None and held[0] == fixed:

@@ -3,7 +3,7 @@
 Each rank holds one contiguous segment of the sequence. A segment acts on the state that enters it as an affine
 map, ``S -> a*S + B`` for accumulate and gated (``a`` the product of its gates, per head or per key channel) and
 ``S -> M S + B`` for the delta rules (``M`` a ``Dk x Dk`` transition). Every rank computes its map with one call of
-the public :func:`linattn.linear_attention`, the maps are exchanged with one all-gather (as LASP-2: the message is
+the public `linattn.linear_attention`, the maps are exchanged with one all-gather (as LASP-2: the message is
 state-sized, independent of the segment length), each rank composes the prefix before it in float64 and corrects
 its outputs by the read of that incoming state. No segment is run twice:
 
@@ -172,14 +172,14 @@ def linear_attention(
     ``g [B, T_r, H]`` or ``[B, T_r, H, r]``, ``beta [B, T_r, H]``; ``T_r >= 1`` may differ between ranks (and be
     shorter than a chunk). Returns this rank's outputs ``o [B, T_r, H, Dv]`` and, with ``output_final_state``, the
     state after the last token of the last rank, on every rank. All other keywords mean what they mean in
-    :func:`linattn.linear_attention` (``form`` is always the chunk form; ``cu_seqlens`` is rejected; ``backend`` is
+    `linattn.linear_attention` (``form`` is always the chunk form; ``cu_seqlens`` is rejected; ``backend`` is
     passed to each rank's local call).
 
     ``group``: the process group (default: the world). ``initial_state``: the state before rank 0's first token,
     given on rank 0 only (``None`` elsewhere); its gradient arrives on rank 0.
 
     Collective: every rank of the group must call this with the same rule, batch, heads, widths, dtype and
-    options; disagreement (or a rank whose input is rejected) raises :class:`RankMismatchError` on every rank
+    options; disagreement (or a rank whose input is rejected) raises `RankMismatchError` on every rank
     before any state is exchanged. Every rank must also run the backward if any does.
     """
     rank, world = _group_info(group)

@@ -82,7 +82,7 @@ _BUILTIN_IDS = frozenset(map(id, FEATURE_MAPS.values()))
 
 
 def feature_map_name(feature_map: str | FeatureMap | None) -> str:
-    """The name a :class:`~linattn.State` records for the map that made it.
+    """The name a [`State`][linattn.State] records for the map that made it.
 
     ``None`` is ``"identity"`` (the same function); a built-in map is its name however it is passed; any other
     callable is its module and qualified name (``functools.partial`` names its function). Two callables are

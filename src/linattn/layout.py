@@ -43,7 +43,7 @@ def augmented(state: State, dtype: torch.dtype) -> torch.Tensor:
     """[S | z] as one [B, H, Dk, Dv+1] tensor: the normalizer is the memory of a constant value 1.
 
     When the state came out of this library, S and z are views of one such buffer; then that buffer is returned
-    itself (see :func:`linattn.state.joint_view`), so decode can update it in place without copying the state
+    itself (see `linattn.state.joint_view`), so decode can update it in place without copying the state
     each step.
     """
     S, z = state.S, state.z
@@ -57,7 +57,7 @@ def augmented(state: State, dtype: torch.dtype) -> torch.Tensor:
 
 def state_tensor(state: State, normalize: bool, dtype: torch.dtype) -> torch.Tensor:
     """The state as the runners take it: ``[S | z]`` when normalized, else S, in ``dtype`` (as plain memory: a
-    negative view is copied, and :func:`split_state` writes an in-place update back into it)."""
+    negative view is copied, and `split_state` writes an in-place update back into it)."""
     return augmented(state, dtype) if normalize else resolved(state.S.to(dtype))
 
 
@@ -82,7 +82,7 @@ def to_kernel_layout(S: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
 
 
 def from_kernel_layout(ST: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`to_kernel_layout`: ``[..., Dw, Dk]`` back to ``[..., Dk, Dw]``, as a view (a caller
+    """The inverse of `to_kernel_layout`: ``[..., Dw, Dk]`` back to ``[..., Dk, Dw]``, as a view (a caller
     that keeps it makes it contiguous)."""
     return ST.transpose(-1, -2)
 

@@ -1,4 +1,4 @@
-"""Packed sequences (``cu_seqlens``) for :func:`linattn.linear_attention`, as in flash-linear-attention/FlashAttention.
+"""Packed sequences (``cu_seqlens``) for `linattn.linear_attention`, as in flash-linear-attention/FlashAttention.
 
 ``q, k [1, T, H, D]`` hold N sequences back to back; sequence i is tokens ``cu_seqlens[i]:cu_seqlens[i+1]``.
 
@@ -6,7 +6,7 @@ Layout chosen: **segments of rows of a padded batch**. Segment j holds tokens ``
 sequence still running, one row each, padded to the longest; one ordinary call runs all its rows at once, starting
 from the states the previous segment left (the N initial states for the first), and one gather per input and
 per output moves tokens between packed and padded places: a Python loop over segments only, never over sequences
-or chunks. ``seg`` is T_max when that wastes little (one call), else shorter (:func:`plan_segment`: within 1.5x
+or chunks. ``seg`` is T_max when that wastes little (one call), else shorter (`plan_segment`: within 1.5x
 the slots of chunk-aligned packing). It is exact in every rule and form, with no kernel change: padding sits after
 each sequence's last token with v = 0 (its ones column too), beta = 0 and log-gate 0, which leave the state
 unchanged whatever k is (S <- 1 * S + k 0^T, and the delta write beta (v - S^T k) = 0); q and k there repeat a
@@ -21,7 +21,7 @@ is the padding and the smaller, wider batches. Chunk-aligned packing in one row 
 multiple of the chunk, cost at most T + N*C in one call) needs the chunk carry to restart at each sequence start,
 a change in every kernel; that is left for a fused backend.
 
-On the CPU with a float32 state, the compiled prefill (:mod:`linattn.kernels.cpu_numba`) takes the packed tokens
+On the CPU with a float32 state, the compiled prefill (`linattn.kernels.cpu_numba`) takes the packed tokens
 as they lie instead: one state per sequence, no padding, no segments (``backend="auto"`` or ``"cpu"``; see
 docs/perf.md). What follows describes the torch path.
 

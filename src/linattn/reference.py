@@ -1,12 +1,12 @@
 """Float64 NumPy ground truth for every rule: plain loops, written to be read, not to be fast.
 
 Everything here follows ``docs/mechanism.md`` literally, one token at a time, so that each fast torch form in
-:mod:`linattn.ops` can be checked against it. No torch import: the reference must not share code with what it
+`linattn.ops` can be checked against it. No torch import: the reference must not share code with what it
 checks.
 
-* :func:`positive_feature_map` and :func:`linear_attention_scan`: the basic normalized linear attention of one
+* `positive_feature_map` and `linear_attention_scan`: the basic normalized linear attention of one
   head on ``[T, D]`` arrays (docs/mechanism.md §1).
-* :func:`linear_attention`: all four rules with the torch API's layout ``[B, T, H, D]`` and arguments.
+* `linear_attention`: all four rules with the torch API's layout ``[B, T, H, D]`` and arguments.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def linear_attention(
     initial_z: object | None = None,
     cu_seqlens: object | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Every rule of :func:`linattn.linear_attention` as a plain loop over batch, head and token, in float64.
+    """Every rule of `linattn.linear_attention` as a plain loop over batch, head and token, in float64.
 
     Shapes and meanings are those of the torch API: ``q, k [B, T, Hq, D]``, ``v [B, T, H, Dv]`` (H a multiple of
     Hq: value head h reads q/k head ``h // (H / Hq)``), ``g [B, T, H]`` (or ``[B, T, H, r]``, a gate per key
@@ -325,7 +325,7 @@ def linear_attention(
 
 
 def _packed(q, k, v, cu_seqlens, *, initial_S, initial_z, **kwargs):
-    """:func:`linear_attention` with ``cu_seqlens``: one call per sequence, states passed through empty ones."""
+    """`linear_attention` with ``cu_seqlens``: one call per sequence, states passed through empty ones."""
     q, k, v = _check_inputs(q, k, v)
     cu = np.asarray(cu_seqlens)
     if cu.ndim != 1 or cu.size < 2 or not np.issubdtype(cu.dtype, np.integer):

@@ -1,5 +1,5 @@
-"""Runs a prepared whole-sequence call (:class:`linattn.call.Call`): a compiled backend where it takes the call
-(:func:`compiled`, through :mod:`linattn.backends`), else the rule's torch form over slabs (:func:`run_torch`).
+"""Runs a prepared whole-sequence call (`linattn.call.Call`): a compiled backend where it takes the call
+(`compiled`, through `linattn.backends`), else the rule's torch form over slabs (`run_torch`).
 
 Inputs are the public layout ``q, k [B, T, H, D]``, ``v [B, T, HV, Dv']``, ``g``, ``beta``, already checked;
 ``S [B, HV, r, Dv']`` is the starting state in the accumulation dtype (``[S | z]`` when normalized: then ``Dv'``
@@ -43,7 +43,7 @@ def compiled(call: Call, q, k, v, g, beta, S: torch.Tensor, cu_seqlens: torch.Te
 
 
 def segment_call(call: Call, rows: int, width: int) -> Call:
-    """The description of one padded segment of a packed call (:mod:`linattn.packing`): ``rows`` sequences of
+    """The description of one padded segment of a packed call (`linattn.packing`): ``rows`` sequences of
     ``width`` tokens, unnormalized (the packed caller divides once at the real tokens)."""
     return dataclasses.replace(call, B=rows, T=width, normalize=False, Dv=call.Dv + call.normalize,
                                cu_seqlens=None, output_final_state=True)

@@ -27,7 +27,7 @@ def is_joint(S: torch.Tensor, z: torch.Tensor | None) -> bool:
 
 
 def joint_view(S: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor | None:
-    """``[S | z]`` as one ``[B, H, Dk, Dv+1]`` view when :func:`is_joint`, else None."""
+    """``[S | z]`` as one ``[B, H, Dk, Dv+1]`` view when `is_joint`, else None."""
     if not is_joint(S, z):
         return None
     return S.as_strided((*S.shape[:-1], S.shape[-1] + 1), S.stride(), S.storage_offset())

@@ -41,10 +41,10 @@ TORCH = Plan(None, "backend='torch'")
 
 
 def decode_kernel(backend: str):
-    """:mod:`linattn.kernels.cpu_decode` when ``backend`` lets the decode step run compiled on the CPU, else None.
+    """`linattn.kernels.cpu_decode` when ``backend`` lets the decode step run compiled on the CPU, else None.
 
     ``linattn.step`` asks this first and proves the rest (shapes, layouts, the state's record) itself; any call
-    that is not the plain case runs through :func:`step` below."""
+    that is not the plain case runs through [`step`][linattn.step] below."""
     if (backend == "cpu" or (backend == "auto" and "step" in policy.AUTO_FORMS)) and not functorch_active():
         return cpu.decode_module()
     return None

@@ -1,6 +1,6 @@
 """The compiled CPU backend (``backend="cpu"``, and ``"auto"`` where it was measured faster): the glue between
-the dispatch (:mod:`linattn.backends`) and the numba kernels in :mod:`linattn.kernels.cpu_numba` (prefill, its
-backward, the general step) and :mod:`linattn.kernels.cpu_decode` (the one-call decode step).
+the dispatch (`linattn.backends`) and the numba kernels in `linattn.kernels.cpu_numba` (prefill, its
+backward, the general step) and `linattn.kernels.cpu_decode` (the one-call decode step).
 
 It runs from a float32 state on CPU tensors (float32, bfloat16 or float16 inputs; the prefill reads bfloat16 in
 place when no feature map runs in torch first, anything else is converted once), with grouped
@@ -66,7 +66,7 @@ def kernel(name: str):
 
 
 def load():
-    """The numba token loops (:mod:`linattn.kernels.cpu_numba`), or None when numba cannot load."""
+    """The numba token loops (`linattn.kernels.cpu_numba`), or None when numba cannot load."""
     return _numba if _numba is not None else kernel("cpu_numba")
 
 
@@ -76,7 +76,7 @@ def loaded() -> bool:
 
 
 def decode_module():
-    """:mod:`linattn.kernels.cpu_decode`, or None when numba cannot load."""
+    """`linattn.kernels.cpu_decode`, or None when numba cannot load."""
     return kernel("cpu_decode") if load() is not None else None
 
 
@@ -129,7 +129,7 @@ def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     """float32, contiguous NumPy view (a copy only when the dtype or the layout differs), reshaped, or None (the
-    view leaves the tensor resizable: :func:`linattn.buffers.array`).
+    view leaves the tensor resizable: `linattn.buffers.array`).
 
     Written for decode, where each torch call costs about a microsecond: NumPy reshapes cost a tenth of that.
     """
@@ -155,7 +155,7 @@ def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
 
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
             cu_seqlens: torch.Tensor | None):
-    """Whole sequence(s) on the numba kernel; arguments as :func:`linattn.backends.linear_attention` takes them.
+    """Whole sequence(s) on the numba kernel; arguments as `linattn.backends.linear_attention` takes them.
     Returns ``o [B, T, H, Dv]`` in ``v.dtype`` and the final state(s) in the augmented layout."""
     B, T, Hq, _ = q.shape
     H, Dv = v.shape[-2:]
@@ -213,7 +213,7 @@ def with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode
 
 
 class CompiledPrefill(torch.autograd.Function):
-    """The compiled token loop with a compiled backward (:func:`linattn.kernels.cpu_numba.backward`).
+    """The compiled token loop with a compiled backward (`linattn.kernels.cpu_numba.backward`).
 
     Inputs: float32 ``q, k [T, H, Dk]`` (already at the value heads), ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]`` or
     None, ``beta [T, H]`` or None, ``S0 [N, H, Dk, Dw]``, then ``cu`` (int64 NumPy), the scale and the checkpoint
@@ -274,7 +274,7 @@ def exact_backward(ctx, grad_o, grad_S):
 
 
 def torch_prefill(q, k, v, g, beta, S0, cu, scale):
-    """What :class:`CompiledPrefill` computes, in the torch chunk forms (differentiable to any order), one packed
+    """What `CompiledPrefill` computes, in the torch chunk forms (differentiable to any order), one packed
     sequence at a time: ``q, k [T, H, Dk]``, ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]``, ``beta [T, H]``, ``S0 [N, H,
     Dk, Dw]``; returns the unnormalized read ``[T, H, Dw]`` and the final states ``[N, H, Dk, Dw]``."""
     outs, finals = [], []
@@ -301,7 +301,7 @@ def torch_prefill(q, k, v, g, beta, S0, cu, scale):
 
 def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend):
     """One decode token on the numba kernel (the general step: any batch, threads over heads); arguments as
-    :func:`linattn.backends.step` takes them. None when the torch form should run (a strided state in place)."""
+    `linattn.backends.step` takes them. None when the torch form should run (a strided state in place)."""
     if not state.is_contiguous():
         if inplace and backend == "cpu":
             raise ValueError("backend='cpu' cannot run this call: it updates a contiguous state in place, and "

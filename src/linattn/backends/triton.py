@@ -1,4 +1,4 @@
-"""The Triton backend (``backend="triton"``): whether the Triton kernels in :mod:`linattn.kernels.triton` can take a
+"""The Triton backend (``backend="triton"``): whether the Triton kernels in `linattn.kernels.triton` can take a
 call, and why not (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``). Whether it runs is
 `linattn.backends`' decision (opt-in until a GPU run has measured the kernels)."""
 

@@ -39,7 +39,7 @@ def forward(xs, wT, bias, offs, packed, pre):
 
 @numba.njit(**_FLAGS)
 def backward(xs, wT, offs, packed, silu, pre, sig, gy, gxs, gwT, gb):
-    """Gradients of silu(:func:`forward`) given ``sig = sigmoid(pre)`` (of :func:`forward` itself when ``silu`` is
+    """Gradients of silu(`forward`) given ``sig = sigmoid(pre)`` (of `forward` itself when ``silu`` is
     False; ``sig`` is then unread): ``gxs [B, K-1+T, C]`` (history rows first), ``gwT [K, C]`` and ``gb [C]``
     (both summed in float64)."""
     B, TK, C = xs.shape

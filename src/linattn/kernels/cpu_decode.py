@@ -71,7 +71,7 @@ def _sweep_write_read(Sin, Sout, qa, k, ga, w, r):
 
 
 def _sweep_write_read4(in_at, out_at, D, Dw, qa, k, ga, w, r):
-    """:func:`_sweep_write_read` on the head at address ``in_at`` (written at ``out_at``), four rows per inner loop.
+    """`_sweep_write_read` on the head at address ``in_at`` (written at ``out_at``), four rows per inner loop.
 
     Only for call sites that pass ``D`` and ``Dw`` as constants: LLVM then knows the distance between the rows
     and needs no alias checks (with run-time widths it ran this loop scalar, presumably over its limit of checks).
@@ -144,7 +144,7 @@ _sweep_write_jit = numba.njit(**_INLINE)(_sweep_write)
 
 
 def _arrays(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, normalize, delta):
-    """The step's raw addresses as arrays (shapes as :func:`_decode` says): q, k, v, g, beta, S, S_new, o; an
+    """The step's raw addresses as arrays (shapes as `_decode` says): q, k, v, g, beta, S, S_new, o; an
     absent g or beta is a dummy view of q."""
     Dw = Dv + 1 if normalize else Dv
     gated = gate_width > 0
@@ -268,7 +268,7 @@ decode = getattr(_dispatcher.overloads.get(_dispatcher.signatures[0]), "entry_po
 
 
 def decode_split(threads: int, *args) -> int:
-    """:data:`decode` with its sequences (or, for one sequence, its query/key heads) split over up to ``threads``
+    """`decode` with its sequences (or, for one sequence, its query/key heads) split over up to ``threads``
     threads (no more than there are, or than numba has); same arguments after the thread count, same return.
 
     Each thread runs the one serial build on its own slice of the batch (or heads), given as address offsets: no

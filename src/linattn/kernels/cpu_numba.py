@@ -178,7 +178,7 @@ def _prefetch(typingctx, address):
 @intrinsic
 def _bits_as_float(typingctx, bits):
     """The float whose IEEE bits are the integer ``bits`` (a bitcast): float32 from an int32, float64 from an int64
-    (2**n from its exponent field, in :func:`exp32`)."""
+    (2**n from its exponent field, in `exp32`)."""
     wide = isinstance(bits, nbtypes.Integer) and bits.bitwidth == 64
 
     def codegen(context, builder, signature, args):
@@ -313,7 +313,7 @@ def _quad_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
 
 
 def _quad_plain(at, vec, Dk, mode, a, w0, w1, w2, w3):
-    """:func:`_quad_delta` without the prediction (gated, accumulate): s = a s + k w_j, o_j = s . q."""
+    """`_quad_delta` without the prediction (gated, accumulate): s = a s + k w_j, o_j = s . q."""
     S = numba.carray(f32_pointer(at), (4, Dk))
     ga = numba.carray(f32_pointer(vec), (Dk,))
     ka = numba.carray(f32_pointer(vec + Dk * 4), (Dk,))
@@ -350,7 +350,7 @@ _quad_plain_jit = numba.njit(**_INLINE)(_quad_plain)
 
 
 def _quads_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
-    """:func:`_quad_delta` with ``Dk`` and ``mode`` as constants for the head widths 64 and 128."""
+    """`_quad_delta` with ``Dk`` and ``mode`` as constants for the head widths 64 and 128."""
     if Dk == 64:
         if mode == 0:
             return _quad_delta_jit(at, vec, 64, 0, a, u0, u1, u2, u3)
@@ -365,7 +365,7 @@ def _quads_delta(at, vec, Dk, mode, a, u0, u1, u2, u3):
 
 
 def _quads_plain(at, vec, Dk, mode, a, w0, w1, w2, w3):
-    """:func:`_quad_plain` with ``Dk`` and ``mode`` as constants for the head widths 64 and 128."""
+    """`_quad_plain` with ``Dk`` and ``mode`` as constants for the head widths 64 and 128."""
     if Dk == 64:
         if mode == 0:
             return _quad_plain_jit(at, vec, 64, 0, a, w0, w1, w2, w3)
@@ -389,7 +389,7 @@ features_jit = numba.njit(**_INLINE)(features)
 
 def _prefill(q, k, v, alpha, beta, cu, ST, o, den, scale, eps, clamp, normalize, gated, delta, per_channel, every,
              ckpt, ck_start, cols, fcode, u0, u1, r0, r1):
-    """The function of :func:`_token_loop` over packed sequences, on a transposed state (prefill).
+    """The function of `_token_loop` over packed sequences, on a transposed state (prefill).
 
     q, k [T, Hq, Dk]; v [T, H, Dv] (H a multiple of Hq), float32, or int16 holding bfloat16 bits (q, k and v
     alike: each element is widened as it is loaded); alpha [T, H, 1 or Dk] the gates already exponentiated
@@ -406,11 +406,11 @@ def _prefill(q, k, v, alpha, beta, cu, ST, o, den, scale, eps, clamp, normalize,
     it: s = a s + k u_j, o_j = s . q, and the next token's prediction p_j = s . k' (k' the next key, times its
     per-channel gate), so each state entry is loaded and stored once per token. Rows go in pairs (the token's
     vectors loaded once per two rows). The dot products need reordered sums (``reassoc``): rounding differs from
-    the torch forms at the 1e-7 level. ``fcode`` (:data:`FEATURE_CODES`): q and k are raw and each row is mapped as it
+    the torch forms at the 1e-7 level. ``fcode`` (`FEATURE_CODES`): q and k are raw and each row is mapped as it
     is loaded (relu1, elu1 or l2: no mapped copy of q and k in memory); 0: q and k are features already.
 
     This call runs units ``u0 ... u1 - 1`` (unit = (sequence, head, block) in that order), then scales and
-    normalizes the (token, head) rows ``r0 ... r1 - 1`` of ``o``: :func:`prefill` runs it whole on one thread, or
+    normalizes the (token, head) rows ``r0 ... r1 - 1`` of ``o``: `prefill` runs it whole on one thread, or
     the units on several threads and then the rows (one serial build, compiled once; a ``prange`` build of this
     body took five times as long to compile as the serial one).
     """
@@ -639,7 +639,7 @@ prefill_kernel = numba.njit(**_FLAGS_T)(_prefill)
 
 def _backward(q, k, v, g, beta, cu, ckpt, ck_start, every, dST, do, dq, dk, dv, dg, dbeta, scale, gated, delta,
               per_channel):
-    """Gradients of :func:`_prefill` (unnormalized, ``group`` 1: q, k [T, H, Dk], v and do [T, H, Dw]).
+    """Gradients of `_prefill` (unnormalized, ``group`` 1: q, k [T, H, Dk], v and do [T, H, Dw]).
 
     Reverse time, one segment of ``every`` tokens at a time: the segment's states are recomputed from its
     checkpoint into a buffer (``every`` x Dw x Dk per head, kept small enough for L2), then walked backwards.
@@ -825,11 +825,11 @@ def prefill_cols(pairs: int, Dv: int, threads: int) -> int:
 
 def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: bool, normalize: bool,
             every: int = 0, cols: int | None = None, fmap: str | None = None, threads: int = 1) -> np.ndarray | None:
-    """Call :func:`_prefill` on float32 NumPy views (``cu`` int64; q, k and v may instead all be int16 views of
+    """Call `_prefill` on float32 NumPy views (``cu`` int64; q, k and v may instead all be int16 views of
     bfloat16 tensors, read in place); ``ST`` [N, H, Dw, Dk] is updated in place and ``o`` [T, H, Dv] written;
-    ``fmap``: a feature map named in :data:`FEATURE_CODES`, applied by the kernel to q and k as it loads them.
-    ``every > 0`` also returns the checkpoints ``[count, H, Dw, Dk]`` for :func:`backward`. ``cols``: value rows
-    per work unit (None: :func:`prefill_cols`). ``threads``: how many run it (the caller decides)."""
+    ``fmap``: a feature map named in `FEATURE_CODES`, applied by the kernel to q and k as it loads them.
+    ``every > 0`` also returns the checkpoints ``[count, H, Dw, Dk]`` for `backward`. ``cols``: value rows
+    per work unit (None: `prefill_cols`). ``threads``: how many run it (the caller decides)."""
     N, H, Dw, Dk = ST.shape
     gated, delta = g is not None, beta is not None
     if delta and normalize:
@@ -869,7 +869,7 @@ def prefill(q, k, v, g, beta, cu, ST, o, *, scale: float, eps: float, clamp: boo
 
 def backward(q, k, v, g, beta, cu, ckpt, dST, do, dq, dk, dv, dg, dbeta, *, scale: float, every: int,
              threads: int = 1) -> None:
-    """Gradients of an unnormalized :func:`prefill` run (q, k at the value heads), written into ``dq, dk, dv`` (the
+    """Gradients of an unnormalized `prefill` run (q, k at the value heads), written into ``dq, dk, dv`` (the
     shapes of q, k, v), ``dg`` (g's, or None without a gate) and ``dbeta`` ([T, H], or None without beta); ``dST``
     goes in as the final states' gradient and comes out as the initial states'."""
     gated, delta = g is not None, beta is not None

@@ -12,7 +12,7 @@ from linattn.nn.softmax_attention import KVCache, SoftmaxAttention
 
 
 def GatedDeltaNet(hidden_size: int, num_heads: int, head_dim: int, **kwargs) -> LinearAttention:  # noqa: N802
-    """Gated DeltaNet (Yang et al. 2025) as Qwen3-Next builds it: :class:`LinearAttention` with rule
+    """Gated DeltaNet (Yang et al. 2025) as Qwen3-Next builds it: `LinearAttention` with rule
     ``"gated_delta"``, per-head gates ``-exp(A) softplus(a(x) + dt_bias)``, sigmoid beta, L2-normalized q and k,
     a short convolution of 4 and the gated RMSNorm output."""
     return LinearAttention(hidden_size, num_heads, head_dim, rule="gated_delta", per_channel_gate=False, **kwargs)

@@ -1,7 +1,7 @@
-"""Argument checks the :mod:`linattn.nn` modules share, so that a bad argument is a ``ValueError``/``TypeError``
+"""Argument checks the `linattn.nn` modules share, so that a bad argument is a ``ValueError``/``TypeError``
 naming it, raised before any work, never a traceback from inside torch.
 
-Rules the public API already has are reused from :mod:`linattn.checks` (``check_cu_seqlens``, ``check_form``,
+Rules the public API already has are reused from `linattn.checks` (``check_cu_seqlens``, ``check_form``,
 ``check_flag``, ``check_backend``); what only a module knows (its width, its
 parameters' dtype and device, what its cache must hold) is checked here.
 """

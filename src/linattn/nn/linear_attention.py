@@ -61,12 +61,12 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class LinearAttentionCache:
-    """Decode state of one :class:`LinearAttention` layer: ``state`` (S, z) and ``conv`` ``[B, K-1, C]``, the last
+    """Decode state of one `LinearAttention` layer: ``state`` (S, z) and ``conv`` ``[B, K-1, C]``, the last
     K-1 inputs of the short convolution (``None`` without one).
 
     Updated in place: a decode step (one token) outside autograd overwrites ``state`` and ``conv`` and returns this
     same object, so an earlier reference to the cache, or to its tensors, follows the generation. To continue one
-    prefix in two ways (beam search, sampling several answers), decode each branch from its own :meth:`clone`.
+    prefix in two ways (beam search, sampling several answers), decode each branch from its own `clone`.
     Under autograd a decode step leaves the cache as it is and returns a new one (the gradient needs the old state).
     """
 
@@ -96,9 +96,9 @@ class LinearAttention(nn.Module):
         head_dim: width of each query/key head (before the feature map).
         rule: ``"accumulate"``, ``"gated"`` (GLA), ``"delta"`` (DeltaNet) or ``"gated_delta"`` (Gated DeltaNet;
             with ``per_channel_gate=True`` Kimi Delta Attention).
-        feature_map: passed to :func:`linattn.linear_attention`; default per rule (``DEFAULT_FEATURE_MAP``: elu1
+        feature_map: passed to `linattn.linear_attention`; default per rule (``DEFAULT_FEATURE_MAP``: elu1
             for accumulate, none for gated, l2 for the delta rules).
-        normalize: passed to :func:`linattn.linear_attention`; ``None`` is the rule's own definition, except gated,
+        normalize: passed to `linattn.linear_attention`; ``None`` is the rule's own definition, except gated,
             which runs unnormalized as GLA does.
         num_v_heads: value heads, a multiple of ``num_heads`` (grouped value heads); default ``num_heads``.
         v_head_dim: width of each value head; default ``head_dim``.
@@ -113,17 +113,17 @@ class LinearAttention(nn.Module):
         dt_init_range: gated_delta: the range of dt's log-uniform initialization (see ``A_init_range``), e.g.
             ``(0.01, 0.01)`` for slower starts.
         output_gate: ``o = RMSNorm(o) * silu(W_z x)`` per value head (Gated DeltaNet, GLA); else ``RMSNorm(o)``.
-        chunk_size: passed to :func:`linattn.linear_attention` for sequences longer than one token.
-        form: passed to :func:`linattn.linear_attention` for sequences longer than one token.
+        chunk_size: passed to `linattn.linear_attention` for sequences longer than one token.
+        form: passed to [`linattn.linear_attention`][linattn.linear_attention] for sequences longer than one token.
         backend: passed to every linattn call (``"auto"``, ``"torch"``, ``"cpu"`` or ``"triton"``; see
-            :func:`linattn.linear_attention`).
-        state_dtype: the recurrent state's accumulation dtype, passed to :func:`linattn.linear_attention` and
-            :func:`linattn.step`; ``None`` (default) is linattn's own (float32, also under bfloat16 weights).
+            [`linattn.linear_attention`][linattn.linear_attention]).
+        state_dtype: the recurrent state's accumulation dtype, passed to `linattn.linear_attention` and
+            [`linattn.step`][linattn.step]; ``None`` (default) is linattn's own (float32, also under bfloat16 weights).
 
     ``forward(x, cache=None, cu_seqlens=None) -> (y, cache)``. One token with a cache decodes through a
-    :class:`linattn.Decoder` kept on the cache (built on its first decode step), which updates the cache in place and
+    `linattn.Decoder` kept on the cache (built on its first decode step), which updates the cache in place and
     returns the same object; while autograd records (grad enabled and an input, parameter or the state requiring
-    grad) it decodes through :func:`linattn.step` instead and returns a new cache, leaving the old one as it was.
+    grad) it decodes through `linattn.step` instead and returns a new cache, leaving the old one as it was.
     Longer inputs run ``form`` with the cache's state as initial state and return a new cache. With ``cu_seqlens``
     (batch 1, packed sequences) the cache returned holds one entry per sequence. Every argument is checked up front:
     ``x`` must be ``[B, T, hidden_size]`` in the parameters' dtype and device, ``cu_seqlens`` as in the API, and a
@@ -233,10 +233,10 @@ class LinearAttention(nn.Module):
         return g.view(B, T, self.num_v_heads, -1) if self.per_channel_gate else g
 
     def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
-        """``cache`` continues this layer for a batch of B rows like ``x``: a :class:`LinearAttentionCache` whose
+        """``cache`` continues this layer for a batch of B rows like ``x``: a `LinearAttentionCache` whose
         state this rule and feature map made, with this layer's heads and widths, and a convolution history that
         matches ``conv_size``. A ValueError/TypeError calls it ``name`` (default ``self.cache_name``: ``"cache"``,
-        or ``"cache[i]"`` in layer i of a :class:`CausalLM`)."""
+        or ``"cache[i]"`` in layer i of a [`CausalLM`][linattn.nn.CausalLM])."""
         name = name or self.cache_name
         if not isinstance(cache, LinearAttentionCache):
             raise TypeError(f"{name} must be a LinearAttentionCache (from this layer's forward) or None, got "

@@ -68,20 +68,20 @@ class CausalLM(nn.Module):
         num_layers: number of blocks (a token mixer, then an MLP).
         num_heads: query/key heads of every mixer.
         head_dim: width of each head.
-        mixers: one name for every layer (``"attention"`` or a rule of :data:`linattn.RULES`) or one per layer,
-            e.g. :func:`hybrid_pattern`.
+        mixers: one name for every layer (``"attention"`` or a rule of `linattn.RULES`) or one per layer,
+            e.g. [`hybrid_pattern`][linattn.nn.hybrid_pattern].
         intermediate_size: MLP width (default ``2 * hidden_size``); 0 for blocks without an MLP.
         max_position_embeddings: learned absolute position embeddings added to the token embeddings, for
             positions ``< max_position_embeddings`` (zoology gives its attention baselines these); 0 (default) for
             none. Decoding with them needs an attention layer, whose cache counts the positions seen.
-        attention_conv_size: the short convolution of every attention layer (:class:`SoftmaxAttention`'s
+        attention_conv_size: the short convolution of every attention layer (`SoftmaxAttention`'s
             ``conv_size``); 0 (default) for none.
-        backend: passed to every linattn call of the linear layers (see :func:`linattn.linear_attention`).
-        **linear_kwargs: passed to every :class:`LinearAttention` (``num_v_heads``, ``conv_size``,
+        backend: passed to every linattn call of the linear layers (see `linattn.linear_attention`).
+        **linear_kwargs: passed to every `LinearAttention` (``num_v_heads``, ``conv_size``,
             ``feature_map``, ``chunk_size`` ...); a name it does not take is a TypeError, even with no linear layer.
 
     ``forward(input_ids, cache=None, cu_seqlens=None) -> (logits, cache)``; ``cache`` is a list with one entry per
-    layer. :meth:`hidden_states` takes the same arguments and stops before the output head ``[B, T, hidden]``, for
+    layer. `hidden_states` takes the same arguments and stops before the output head ``[B, T, hidden]``, for
     losses that need the logits of a few positions only (``model.logits(h[mask])``). Feeding the returned cache
     with the next tokens continues the sequences. With ``cu_seqlens`` (packed training batches) linear layers
     return one state per sequence and attention layers ``None`` (such a cache continues only a model without
@@ -199,7 +199,7 @@ class CausalLM(nn.Module):
 
     def hidden_states(self, input_ids: torch.Tensor, cache: list | None = None,
                       cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
-        """:meth:`forward` without the head: (final-normed hidden states ``[B, T, hidden]``, cache)."""
+        """`forward` without the head: (final-normed hidden states ``[B, T, hidden]``, cache)."""
         B, T = self._check_ids(input_ids)
         cu_seqlens = check_packing(cu_seqlens, cache, B, T, input_ids.device)
         if cache is not None:

@@ -49,11 +49,11 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> t
 
 class SoftmaxAttention(nn.Module):
     """Causal softmax attention (PyTorch SDPA) with rotary positions and a KV cache; the same call signature as
-    :class:`LinearAttention`. ``cu_seqlens`` (batch 1, as in the API) becomes a block-diagonal causal mask (positions
+    `LinearAttention`. ``cu_seqlens`` (batch 1, as in the API) becomes a block-diagonal causal mask (positions
     restart per sequence); the cache returned then is ``None``: sequences of different lengths have no common
     ``[B, L]`` cache. It makes no linattn call, so it has no ``backend``.
 
-    ``conv_size`` (default 0, none): the short causal depthwise convolution with SiLU of :class:`LinearAttention`
+    ``conv_size`` (default 0, none): the short causal depthwise convolution with SiLU of `LinearAttention`
     over q, k, v before the rotary embedding, as zoology's recall models put a short convolution before every
     mixer; it hands each position its neighbours' tokens, which attention otherwise learns through positions."""
 
@@ -78,8 +78,8 @@ class SoftmaxAttention(nn.Module):
             self.conv_weight = nn.Parameter(torch.randn(3 * num_heads * head_dim, conv_size) / math.sqrt(conv_size))
 
     def check_cache(self, cache: object, B: int, x: torch.Tensor, name: str | None = None) -> None:
-        """``cache`` is a :class:`KVCache` of this layer's heads and width for B rows, in x's dtype and device;
-        errors call it ``name`` (default ``self.cache_name``, as in :meth:`LinearAttention.check_cache`)."""
+        """``cache`` is a `KVCache` of this layer's heads and width for B rows, in x's dtype and device;
+        errors call it ``name`` (default ``self.cache_name``, as in `LinearAttention.check_cache`)."""
         name = name or self.cache_name
         if not isinstance(cache, KVCache):
             raise TypeError(f"{name} must be a KVCache (from this layer's forward) or None, got {type(cache).__name__}")

@@ -1,5 +1,5 @@
 """Pieces the forms of every rule share: chunked layout, log-space gates, the carry across chunks, and the division
-by the normalizer (:func:`normalized_read`)."""
+by the normalizer (`normalized_read`)."""
 
 from __future__ import annotations
 

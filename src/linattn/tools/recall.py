@@ -14,7 +14,7 @@ Mechanisms (one head, key width d, value width dv; keys and values unit-norm):
   no retrieval at all).
 * ``delta`` (beta = 1) and ``gated_delta`` (beta = 1, alpha per token) on the raw unit keys: width d.
 
-Writes and reads go through :func:`linattn.linear_attention` (chunk form): the queries are extra tokens at the end
+Writes and reads go through `linattn.linear_attention` (chunk form): the queries are extra tokens at the end
 that write nothing (zero key, beta = 0, alpha = 1), so each reads the state after every write. Filler tokens have
 random keys and values (not among the candidates) and write like any other token.
 """
@@ -188,7 +188,7 @@ def sweep_points(
     correlation_pairs: int,
     similarities: Sequence[float],
 ) -> list[dict[str, Any]]:
-    """The sweep plan: one dict of :func:`recall_accuracy` arguments per point, tagged with its sweep.
+    """The sweep plan: one dict of `recall_accuracy` arguments per point, tagged with its sweep.
 
     * ``capacity``: N pairs for each N in ``n_values``, random keys, and orthogonal keys where N <= d.
     * ``distance``: ``distance_pairs`` random-key pairs inside ``total_length`` writes, followed by ``distance``
@@ -298,7 +298,7 @@ def table(records: list[dict[str, Any]], sweep: str) -> str:
 
 
 def explain(records: list[dict[str, Any]], sweep: str) -> str:
-    """What the columns (and the row names) of :func:`table` for ``sweep`` mean."""
+    """What the columns (and the row names) of `table` for ``sweep`` mean."""
     rows = [r for r in records if r["sweep"] == sweep]
     cell = "each cell: % of queries whose output is closest (cosine) to its own value among the N stored; chance 1/N"
     if sweep == "capacity":

@@ -12,16 +12,16 @@ mamba-ssm or causal-conv1d when installed (failing on a CPU-only machine) and at
   ``mamba2_selective_state_update``, ``mamba2_split_conv1d_scan_combined`` -> ``"gated"`` with g = dt A, k = B,
   q = C, v = dt x, no normalizer, scale 1, plus the D skip;
 - the short convolution (all of the above, and lfm2): ``causal_conv1d_fn``, ``causal_conv1d_update`` ->
-  :func:`linattn.nn.causal_conv` and its compiled one-token update.
+  [`linattn.nn.causal_conv`][linattn.nn.causal_conv] and its compiled one-token update.
 
-Prefill runs the chunk form (the compiled kernel on CPU), decode a :class:`linattn.Decoder` kept per state tensor of
+Prefill runs the chunk form (the compiled kernel on CPU), decode a `linattn.Decoder` kept per state tensor of
 HF's cache, which it updates in place; packed sequences (``cu_seq_lens_q``, ``cu_seqlens``, ``seq_idx``) restart
 the state and the convolution at every boundary. ``patch(models=...)`` narrows it; ``backend=`` forces a linattn
 backend (default ``"auto"``: CPU tensors on linattn, CUDA tensors to what HF chose). Patches nest: each one is in
 force until undone, the latest on top, and undoing them in any order restores HF's functions once the last is gone.
-``patch_qwen3_next()`` is :func:`patch` for the Gated DeltaNet models (Qwen3-Next by default).
+``patch_qwen3_next()`` is `patch` for the Gated DeltaNet models (Qwen3-Next by default).
 
-``gated_deltanet_from_qwen3_next(hf_layer)`` builds a :class:`linattn.nn.LinearAttention` with the state dict of an
+``gated_deltanet_from_qwen3_next(hf_layer)`` builds a `linattn.nn.LinearAttention` with the state dict of an
 HF ``Qwen3NextGatedDeltaNet``. transformers itself is imported only when a patch is made (it is an optional extra).
 """
 

@@ -1,6 +1,6 @@
 """The short causal convolution of every family (and LFM2's): HF's ``causal_conv1d_fn`` (prefill) and
-``causal_conv1d_update`` (one decode token) on :func:`linattn.nn.causal_conv` (compiled on CPU, restarting at
-packed boundaries) and :func:`linattn.nn.conv.conv_update` (the cache's window updated in place)."""
+``causal_conv1d_update`` (one decode token) on `linattn.nn.causal_conv` (compiled on CPU, restarting at
+packed boundaries) and `linattn.nn.conv.conv_update` (the cache's window updated in place)."""
 
 from __future__ import annotations
 

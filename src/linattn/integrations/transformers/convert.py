@@ -11,7 +11,7 @@ from linattn.nn import LinearAttention
 
 def gated_deltanet_from_qwen3_next(hf_layer: torch.nn.Module, *, chunk_size: int = 64,
                                    backend: str = "auto") -> LinearAttention:
-    """A :class:`LinearAttention` (rule ``"gated_delta"``) equal to an HF ``Qwen3NextGatedDeltaNet``, weights
+    """A `LinearAttention` (rule ``"gated_delta"``) equal to an HF ``Qwen3NextGatedDeltaNet``, weights
     loaded from its state dict (same dtype and device); ``chunk_size`` and ``backend`` go to the layer."""
     layer = LinearAttention(
         hf_layer.hidden_size, hf_layer.num_k_heads, hf_layer.head_k_dim, rule="gated_delta", feature_map="l2",
@@ -32,7 +32,7 @@ def gated_deltanet_from_qwen3_next(hf_layer: torch.nn.Module, *, chunk_size: int
 
 def convert_qwen3_next_state_dict(sd: Mapping[str, torch.Tensor], *, num_k_heads: int, head_k_dim: int,
                                   num_v_heads: int, head_v_dim: int) -> dict[str, torch.Tensor]:
-    """HF ``Qwen3NextGatedDeltaNet`` parameter names and layout -> :class:`LinearAttention`'s.
+    """HF ``Qwen3NextGatedDeltaNet`` parameter names and layout -> `LinearAttention`'s.
 
     HF fuses q, k, v, z into ``in_proj_qkvz`` grouped per key head: rows ``[H, (Dk, Dk, G*Dv, G*Dv)]`` with
     G = HV/H, and b, a into ``in_proj_ba`` as ``[H, (G, G)]``; its depthwise conv runs over [q | k | v] channels.

@@ -1,5 +1,5 @@
 """Gated DeltaNet (Qwen3-Next, Qwen3.5, Qwen3.5-MoE, OLMo-Hybrid): HF's ``torch_chunk_gated_delta_rule`` and
-``torch_recurrent_gated_delta_rule`` on :func:`linattn.linear_attention` (chunk form) and a :class:`linattn.Decoder`,
+``torch_recurrent_gated_delta_rule`` on `linattn.linear_attention` (chunk form) and a `linattn.Decoder`,
 with the same signatures and state layout ``[B, HV, Dk, Dv]``, so that HF's cache holds linattn's state unchanged."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def chunk_gated_delta_rule(
     fallback=None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """HF's/fla's ``chunk_gated_delta_rule`` signature on :func:`linattn.linear_attention`.
+    """HF's/fla's ``chunk_gated_delta_rule`` signature on [`linattn.linear_attention`][linattn.linear_attention].
 
     query, key ``[B, T, H, Dk]``; value ``[B, T, HV, Dv]``; g, beta ``[B, T, HV]`` (g ``[B, T, HV, Dk]``: a gate
     per key channel, Kimi Delta Attention); initial_state ``[B, HV, Dk, Dv]`` (N entries with ``cu_seqlens``).
-    Returns (output in query's dtype, final state or None). ``backend`` as in :func:`linattn.linear_attention`;
+    Returns (output in query's dtype, final state or None). ``backend`` as in `linattn.linear_attention`;
     with ``"auto"``, tensors off the CPU go to ``fallback`` (the function HF chose) when one is given. Other
     keyword arguments HF passes along (position ids, masks) do not concern the rule and are ignored.
     """
@@ -70,9 +70,9 @@ def recurrent_gated_delta_rule(
 
     With ``initial_state`` and ``output_final_state=True`` (HF's decode step with a cache), outside autograd and
     with the state in float32 (or float64 inputs), the step updates ``initial_state`` in place through a
-    :class:`linattn.Decoder` kept for that tensor, and returns it as the final state: HF's cache then copies it onto
+    `linattn.Decoder` kept for that tensor, and returns it as the final state: HF's cache then copies it onto
     itself. Otherwise (autograd records, another state dtype, no state, or the final state not asked for) it runs
-    :func:`linattn.step` and leaves ``initial_state`` as it was, as HF's own function does."""
+    [`linattn.step`][linattn.step] and leaves ``initial_state`` as it was, as HF's own function does."""
     if not on_linattn(backend, fallback, query):
         return fallback(query, key, value, g=g, beta=beta, initial_state=initial_state,
                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

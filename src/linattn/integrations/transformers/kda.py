@@ -1,7 +1,7 @@
 """Kimi Delta Attention (Kimi Linear, Bailing-hybrid): HF's ``chunk_kimi_delta_attention`` and
 ``recurrent_kimi_delta_attention`` are the gated delta rule with a gate per key channel, g ``[B, T, H, Dk]``:
 S_t = (I - beta_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T (q_t / sqrt(Dk)), which
-:func:`linattn.linear_attention` takes as it is (rule ``"gated_delta"``, per-channel ``g``). Same signatures and
+`linattn.linear_attention` takes as it is (rule ``"gated_delta"``, per-channel ``g``). Same signatures and
 state layout ``[B, H, Dk, Dv]`` as HF's."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def recurrent_kimi_delta_attention(query, key, value, g, beta, initial_state: to
                                    backend: str = "auto", fallback=None,
                                    **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     """HF's ``recurrent_kimi_delta_attention``: one token through linattn's decode step, updating the cache's
-    state in place outside autograd (as :func:`recurrent_gated_delta_rule`)."""
+    state in place outside autograd (as `recurrent_gated_delta_rule`)."""
     if (on_linattn(backend, fallback, query) and initial_state is not None and output_final_state
             and query.shape[1] == 1 and kwargs.get("cu_seqlens") is None and kwargs.get("cu_seq_lens_q") is None):
         o = _step_in_place(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)

@@ -1,5 +1,5 @@
 """The patch stack: which HF functions each model family calls, the check of their signatures, and
-:class:`Patch`, which replaces them and undoes its replacements in any order.
+[`Patch`][linattn.integrations.transformers.Patch], which replaces them and undoes its replacements in any order.
 
 Each family's layers look these module-level functions up at call time (transformers 5 does), so replacing the
 module attribute reaches every instance, existing and future. Before anything is replaced, every requested model's
@@ -57,7 +57,7 @@ _ACTIVE: dict[tuple[object, str], tuple[object, list]] = {}
 
 
 class Patch:
-    """Functions that :func:`patch` (or :func:`use_hf_torch_fallback`) replaced. ``undo()`` (or leaving the
+    """Functions that `patch` (or `use_hf_torch_fallback`) replaced. ``undo()`` (or leaving the
     ``with`` block) withdraws this patch's replacements: a function returns to the latest patch still in force, or
     to HF's original when none is, whatever order patches are undone in. A second ``undo()`` does nothing.
     ``models`` lists the model types patched; ``skipped`` those of the table whose modeling file this
@@ -152,10 +152,10 @@ def patch(models: tuple[str, ...] | None = None, *, backend: str = "auto") -> Pa
     """Route the recurrent layers of these transformers model types (default: every type in ``MODELS`` whose
     modeling file is installed) to linattn: the Gated DeltaNet and Kimi Delta rules, Mamba-2's scan and decode
     step and every family's short convolution. Affects every instance, existing and future; returns a
-    :class:`Patch` (``undo()``, or a context manager; patches nest and may be undone in any order).
+    `Patch` (``undo()``, or a context manager; patches nest and may be undone in any order).
 
     ``backend`` goes to every linattn call (``"auto"``, ``"torch"``, ``"cpu"``, ``"triton"``; see
-    :func:`linattn.linear_attention`); with ``"auto"`` (default) calls on CPU tensors run on linattn and calls on
+    `linattn.linear_attention`); with ``"auto"`` (default) calls on CPU tensors run on linattn and calls on
     other devices run what HF chose (its kernels or its torch code). Raises before patching anything when a model
     type is unknown, its file missing (when named in ``models``) or a function's signature differs."""
     checks.check_backend(backend)
@@ -174,7 +174,7 @@ def patch(models: tuple[str, ...] | None = None, *, backend: str = "auto") -> Pa
 
 
 def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str = "auto") -> Patch:
-    """:func:`patch` for Gated DeltaNet models (``GATED_DELTA_MODELS``; default Qwen3-Next alone)."""
+    """`patch` for Gated DeltaNet models (``GATED_DELTA_MODELS``; default Qwen3-Next alone)."""
     checks.check_backend(backend)
     for name in _models(models):
         if name not in GATED_DELTA_MODELS:
@@ -185,7 +185,7 @@ def patch_qwen3_next(models: tuple[str, ...] = ("qwen3_next",), *, backend: str 
 
 def use_hf_torch_fallback(models: tuple[str, ...] = ("qwen3_next",)) -> Patch:
     """Route the same functions to transformers' own torch code (the slow reference; what HF runs without fla,
-    mamba-ssm or causal-conv1d), e.g. to compare against. Returns a :class:`Patch`."""
+    mamba-ssm or causal-conv1d), e.g. to compare against. Returns a `Patch`."""
     modules = {name: modeling(name) for name in _models(models)}
     return Patch([(module, fn, hf_torch_fallback(original(module, fn)))
                   for name, module in modules.items() for fn in FAMILIES[FAMILY_OF[name]][1]], tuple(modules))

@@ -1,11 +1,11 @@
-"""Triton kernels for CUDA behind the kernel contract of :mod:`linattn.ops` (see its docstring).
+"""Triton kernels for CUDA behind the kernel contract of `linattn.ops` (see its docstring).
 
 * ``chunk_kernel(rule)``: the chunk forward in one Triton kernel per rule (accumulate and gated per head or per
   key channel in ``_chunk.py``, delta and gated delta in the WY/UT form in ``_delta.py``), state carried in
   float32 (float64 for float64 inputs), any T, Dk != Dv, half-precision operands with float32 accumulation.
 * ``step_kernel(rule)``: the fused one-token decode (``_step.py``): decay, write and read in one kernel, in place.
-* ``linear_attention(...)`` / ``step(...)``: whole calls for the backend dispatch in :mod:`linattn.kernels` (inputs
-  as :func:`linattn.linear_attention` validated them; feature map, normalizer column and epsilon handled here).
+* ``linear_attention(...)`` / ``step(...)``: whole calls for the backend dispatch in `linattn.kernels` (inputs
+  as `linattn.linear_attention` validated them; feature map, normalizer column and epsilon handled here).
 
 Gradients: for accumulate and gated (per head or per key channel) the backward is three more runs of the Triton
 chunk forward kernel (``_backward.py``: dq as a forward pass, dk and dv as forward passes in reversed time, dg
@@ -192,7 +192,7 @@ def linear_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A whole sequence through the Triton chunk kernel of ``rule`` (any form asked for: they are one function).
 
-    Inputs in the public layout ``[B, T, H, D]`` as validated by :func:`linattn.linear_attention`, before the
+    Inputs in the public layout ``[B, T, H, D]`` as validated by `linattn.linear_attention`, before the
     feature map; ``state`` the starting ``[B, H, Dk, Dv(+1)]`` state (normalizer as the last column), not modified.
     Without a feature map q and k enter the kernel in their own dtype (bfloat16 products on the tensor cores,
     accumulated in float32); with one, the features are computed and kept in the state's dtype, as the torch path

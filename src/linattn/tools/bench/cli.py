@@ -2,9 +2,9 @@
 
 This module is the command line and the run itself; the parts live next to it:
 
-* :mod:`linattn.tools.bench.plan`: the run's parameters (:class:`Plan`), byte counts, dry-run checks, hardware;
-* :mod:`linattn.tools.bench.workload`: token stream, the two decode paths, timing, memory, float64 check;
-* :mod:`linattn.tools.bench.report`: result document, decision, table and plot.
+* `linattn.tools.bench.plan`: the run's parameters (`Plan`), byte counts, dry-run checks, hardware;
+* `linattn.tools.bench.workload`: token stream, the two decode paths, timing, memory, float64 check;
+* `linattn.tools.bench.report`: result document, decision, table and plot.
 
 Unlike the other tools, ``linattn bench`` always writes its result file (a run is evidence); ``-o`` picks the name.
 
@@ -43,7 +43,7 @@ def run(plan: Plan, identity: dict[str, Any], *, progress: bool = True, threads_
         others_before: float | None = None, loadavg_before: list[float] | None = None) -> dict[str, Any]:
     """Measure every path at every length with a progress bar on stderr (unless ``progress`` is off); a failure
     mid-run is recorded with the rows measured so far (never invented ones). Other processes' CPU use is measured
-    over the whole run and judged with the rows (:func:`bench_report.assess_contention`)."""
+    over the whole run and judged with the rows (`bench_report.assess_contention`)."""
     from tqdm import tqdm
 
     steps_per = plan.warmup + plan.repeats * (2 if plan.device == "cuda" else 1)

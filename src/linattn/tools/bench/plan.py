@@ -1,8 +1,8 @@
 """What a ``linattn bench`` run is, what it keeps in memory, and whether this machine can run it.
 
-:class:`Plan` holds every parameter of a run (recorded as ``workload`` in the result file). The byte counts come
-from :mod:`linattn.tools.memory`, the project's one home for the state and KV-cache formulas; :func:`preflight` is the
-dry run's check of device, dtypes and free memory; :func:`hardware_info` is the result file's ``hardware``.
+`Plan` holds every parameter of a run (recorded as ``workload`` in the result file). The byte counts come
+from `linattn.tools.memory`, the project's one home for the state and KV-cache formulas; `preflight` is the
+dry run's check of device, dtypes and free memory; `hardware_info` is the result file's ``hardware``.
 """
 
 from __future__ import annotations

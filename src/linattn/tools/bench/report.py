@@ -1,6 +1,6 @@
 """The written part of ``linattn bench``: the result document, the decision, the side-by-side table, the plot.
 
-Everything here reads rows of numbers and writes nothing but the plot; :func:`decide` and :func:`compare` are
+Everything here reads rows of numbers and writes nothing but the plot; `decide` and `compare` are
 pure functions of their arguments, so the decision logic is tested without measuring anything.
 """
 
@@ -245,7 +245,7 @@ def build_document(
     transient_measured: bool = True,
     contention: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The result file's document; ``contention`` (see :func:`assess_contention`) is required by schema 2."""
+    """The result file's document; ``contention`` (see `assess_contention`) is required by schema 2."""
     baseline, candidates = describe_paths(plan)
     comparisons, crossovers = compare(rows, plan.candidate_paths)
     memory_method = PEAK_MEMORY_METHOD[plan.device]

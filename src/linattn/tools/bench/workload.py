@@ -196,7 +196,7 @@ def time_cpu(
     block: int = 10,
 ):
     """Each path's warmup, then the timed steps in blocks of ``block`` per path, the paths taking turns (the
-    harness timer's :func:`time_turns`). Turns spread a load change on a shared machine over every path alike;
+    harness timer's `time_turns`). Turns spread a load change on a shared machine over every path alike;
     blocks keep each path's own data in cache (stepping round robin one step at a time would time the small state
     always cold, after the KV cache has streamed through the caches). Returns per path (stats, first output, all
     outputs finite)."""

@@ -1,8 +1,8 @@
 """``linattn explain``: one self-contained HTML page that steps a learner through linear attention.
 
-:func:`build_page` fills ``static/template.html`` with the page's CSS, its JavaScript (the engine, the scenes and
-the slide player) and a JSON block holding every scripted scene's numbers (:func:`scenes.build_data`, float64
-from :mod:`linattn.reference` and :mod:`linattn.tools.memory`) plus the standalone NumPy lab (``lab.py``) as a
+`build_page` fills ``static/template.html`` with the page's CSS, its JavaScript (the engine, the scenes and
+the slide player) and a JSON block holding every scripted scene's numbers (`scenes.build_data`, float64
+from `linattn.reference` and `linattn.tools.memory`) plus the standalone NumPy lab (``lab.py``) as a
 download. Nothing is fetched at view time: no CDN, no web font, no network request.
 """
 

@@ -1,7 +1,7 @@
 """The numbers behind every scripted scene of the explainer, computed once in float64 at build time.
 
-Every value the page shows in a scripted scene comes from here: :mod:`linattn.reference` (the float64 loops) and
-:mod:`linattn.tools.memory` (the byte formulas). The page's own JavaScript engine only powers what the learner edits
+Every value the page shows in a scripted scene comes from here: `linattn.reference` (the float64 loops) and
+`linattn.tools.memory` (the byte formulas). The page's own JavaScript engine only powers what the learner edits
 (the playground, the exercises, the sliders); the browser tests check it against the same reference.
 """
 

@@ -1,13 +1,13 @@
 """What every tool shares, so that each measures, describes, writes and draws the same way.
 
-* :mod:`~linattn.tools.harness.timer`: one timer, CPU and CUDA, samples with their median and quantiles;
-* :mod:`~linattn.tools.harness.machine`: the processor, threads, load, versions, and the matmul rate and copy
+* `timer`: one timer, CPU and CUDA, samples with their median and quantiles;
+* `machine`: the processor, threads, load, versions, and the matmul rate and copy
   bandwidth measured in the same run; how busy other processes kept the CPU;
-* :mod:`~linattn.tools.harness.peak`: peak CPU memory of one call;
-* :mod:`~linattn.tools.harness.results`: result files validated against their JSON Schema and written
+* `peak`: peak CPU memory of one call;
+* `results`: result files validated against their JSON Schema and written
   atomically, never over an existing file unless asked;
-* :mod:`~linattn.tools.harness.cli`: the shared command-line options and how outputs are checked and written;
-* :mod:`~linattn.tools.harness.plotting`: matplotlib without a display, figures saved through the same writer.
+* `cli`: the shared command-line options and how outputs are checked and written;
+* `plotting`: matplotlib without a display, figures saved through the same writer.
 
 Modules import downwards only: timer <- machine; results <- cli, plotting. Nothing here imports a tool.
 """

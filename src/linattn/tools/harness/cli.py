@@ -1,13 +1,13 @@
 """The tools' command-line convention and their output files.
 
 Options every tool spells the same way where it applies: ``-o/--output``, ``--plot``, ``--overwrite``, ``--quick``,
-``--threads``, ``--no-progress``; every command shows its defaults in ``--help`` (:data:`CONTEXT`). A tool writes
+``--threads``, ``--no-progress``; every command shows its defaults in ``--help`` (`CONTEXT`). A tool writes
 a file only where a flag asks for one (``bench`` and ``explain`` write theirs to a default name), and an
 existing file is refused with one line unless ``--overwrite``.
 
-Outputs are checked before a run (:func:`check_outputs`), written atomically after it (:func:`write`), errors are
+Outputs are checked before a run (`check_outputs`), written atomically after it (`write`), errors are
 click messages (never a traceback), written paths are printed in full. The rules behind both live in
-:mod:`linattn.tools.harness.results` (``check_writable``, ``atomic_write``).
+`linattn.tools.harness.results` (``check_writable``, ``atomic_write``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def check_outputs(overwrite: bool, outputs: dict[str, str | os.PathLike | None])
 def write(flag: str, writer: Callable[..., Any], path: str | os.PathLike, *args: Any, overwrite: bool = False) -> Path:
     """``writer(path, *args, overwrite=overwrite)`` (an atomic writer), then print ``wrote <absolute path>``.
 
-    A file that appeared since :func:`check_outputs` (another run racing for the name) gets the same "exists"
+    A file that appeared since `check_outputs` (another run racing for the name) gets the same "exists"
     message as before the run; any other failure to write is a one-line error, exit status 1."""
     try:
         writer(path, *args, overwrite=overwrite)
@@ -61,8 +61,8 @@ def write(flag: str, writer: Callable[..., Any], path: str | os.PathLike, *args:
 
 
 class FilePath(click.ParamType):
-    """A file path option or argument, as a :class:`~pathlib.Path`. Unlike ``click.Path`` it does not touch the
-    file system (:func:`check_outputs` and the readers judge the path and name the problem), and it refuses a
+    """A file path option or argument, as a `Path`. Unlike ``click.Path`` it does not touch the
+    file system (`check_outputs` and the readers judge the path and name the problem), and it refuses a
     NUL byte, on which ``click.Path`` fails with a traceback."""
 
     name = "file"
@@ -132,12 +132,12 @@ def default_threads(device: str = "cpu", cores: int | None = -1) -> tuple[int | 
 
 def threads_option(help: str = f"torch.set_num_threads for the run; default: {THREADS_RULE}.",
                    default: int | None = None) -> Callable:
-    """``--threads N``; None (the default) applies :func:`default_threads` in :func:`apply_threads`."""
+    """``--threads N``; None (the default) applies `default_threads` in `apply_threads`."""
     return click.option("--threads", type=click.IntRange(min=1), default=default, help=help)
 
 
 def apply_threads(ctx: click.Context, threads: int | None, device: str = "cpu") -> int:
-    """Set torch's thread count for this command, ``threads`` or else :func:`default_threads` (restored when it
+    """Set torch's thread count for this command, ``threads`` or else `default_threads` (restored when it
     ends, for callers in the same process); returns the count in effect."""
     import torch
 

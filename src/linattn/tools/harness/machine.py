@@ -34,7 +34,7 @@ def cpu_seconds() -> tuple[float, float] | None:
 
 
 class BusyMeter:
-    """Average number of cores that *other* processes kept busy between :meth:`start` and :meth:`stop`:
+    """Average number of cores that *other* processes kept busy between `start` and `stop`:
     (machine busy CPU seconds - this process's CPU seconds) / wall seconds. ``None`` where /proc is missing."""
 
     def start(self) -> BusyMeter:
@@ -56,7 +56,7 @@ def others_busy_now(seconds: float = 0.3) -> float | None:
 
 
 def busy_reason(others: float | None, cores: int | None, threads: int) -> str | None:
-    """Why the CPU was contended, or None: other processes kept more than :data:`BUSY_SHARE` of the cores busy
+    """Why the CPU was contended, or None: other processes kept more than `BUSY_SHARE` of the cores busy
     (the reason adds when, with this run's threads, that is more than there are cores)."""
     if others is None or not cores:
         return None

@@ -21,7 +21,7 @@ def pyplot() -> Any:
 
 def save_figure(fig: Any, path: str | os.PathLike, *, overwrite: bool = False, dpi: int = 100,
                 **savefig: Any) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix unless ``format=`` says) through :func:`atomic_write`,
+    """Write ``fig`` to ``path`` (format from the suffix unless ``format=`` says) through `atomic_write`,
     then close it: an existing file is refused unless ``overwrite``, and an interrupted save leaves nothing
     behind."""
     try:

@@ -1,6 +1,6 @@
 """Result files shared by the tools: schema validation, label checks, atomic writes that never clobber.
 
-Every tool that leaves evidence on disk goes through :func:`write_result` and :func:`read_result`, so a file is
+Every tool that leaves evidence on disk goes through `write_result` and `read_result`, so a file is
 validated against its JSON Schema (``schemas/<name>.schema.json`` beside this module) both when written and when
 read, an existing file is never replaced unless the caller says so, and an interrupted write leaves no half file behind.
 """
@@ -69,7 +69,7 @@ def _where(path) -> str:
 
 
 def validate(doc: object, schema: dict[str, Any], *, source: str = "document") -> None:
-    """Raise :class:`ResultValidationError` listing every missing field and every other mismatch."""
+    """Raise `ResultValidationError` listing every missing field and every other mismatch."""
     validator = jsonschema.Draft202012Validator(schema)
     missing: list[str] = []
     problems: list[str] = []
@@ -110,7 +110,7 @@ def _name_max(folder: Path) -> int:
 
 def check_writable(path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Everything that can be known about writing ``path`` before a run starts, so that a run of minutes does not
-    end in a refusal: raises FileExistsError (taken, see :func:`exists_error`) or ValueError naming the problem
+    end in a refusal: raises FileExistsError (taken, see `exists_error`) or ValueError naming the problem
     (a NUL byte, a name too long, a dangling symbolic link, a folder or special file in the way, a parent that is a
     file, a folder that cannot be written). Returns the path. Creates nothing."""
     text = os.fspath(path)
@@ -169,7 +169,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, over
     system) and keeps the final suffix, so writers that infer a format from it (matplotlib) still work. Without
     ``overwrite`` an existing file is refused with FileExistsError, also when it appears while ``write`` runs:
     the final name is made with ``os.link``, which fails if the name exists, so of two writers racing for one
-    path exactly one wins and the other gets :func:`exists_error`. SIGTERM or an exception leaves no temporary
+    path exactly one wins and the other gets `exists_error`. SIGTERM or an exception leaves no temporary
     file behind.
     """
     path = check_writable(path, overwrite=overwrite)
@@ -201,7 +201,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, over
 
 
 def atomic_write_json(path: str | os.PathLike, doc: Any, *, overwrite: bool = False) -> Path:
-    """Write ``doc`` as indented JSON atomically (see :func:`atomic_write`)."""
+    """Write ``doc`` as indented JSON atomically (see `atomic_write`)."""
 
     def write(tmp: Path) -> None:
         text = json.dumps(doc, indent=2, allow_nan=False) + "\n"  # NaN is not JSON; fail before touching disk
@@ -218,8 +218,8 @@ def write_result(doc: dict[str, Any], path: str | os.PathLike, schema_name: str,
 
 def read_result(path: str | os.PathLike, schema_name: str) -> dict[str, Any]:
     """Load a result file and validate it; errors name the file and every missing field. Only a regular file
-    under :data:`linattn.tools.harness.jsonfile.MAX_BYTES`, nested at most 64 deep, with finite numbers (see
-    :func:`linattn.tools.harness.jsonfile.read_json`)."""
+    under `linattn.tools.harness.jsonfile.MAX_BYTES`, nested at most 64 deep, with finite numbers (see
+    `linattn.tools.harness.jsonfile.read_json`)."""
     doc = read_json(path, what="result file")
     validate(doc, load_schema(schema_name), source=str(path))
     return doc

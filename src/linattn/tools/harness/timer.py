@@ -1,11 +1,11 @@
 """The one timer of the tools: wall time of calls on the CPU (``perf_counter_ns``) or on a CUDA device (events),
 as samples with their median and quantiles.
 
-* :func:`time_call`: one function, its first call timed apart (it compiles and warms caches) and used to size the
+* `time_call`: one function, its first call timed apart (it compiles and warms caches) and used to size the
   samples (fast calls repeat inside a sample, slow calls get fewer samples);
-* :func:`time_turns`: several functions taking turns in blocks, so that a change of load on a shared machine hits
+* `time_turns`: several functions taking turns in blocks, so that a change of load on a shared machine hits
   each of them alike; optionally a hook before each call (a barrier) and process CPU time next to wall time;
-* :func:`time_batch`: the mean of one batch of calls between two marks (CUDA: no synchronization inside).
+* `time_batch`: the mean of one batch of calls between two marks (CUDA: no synchronization inside).
 """
 
 from __future__ import annotations

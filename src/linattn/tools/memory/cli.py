@@ -1,6 +1,6 @@
 """``linattn memory``: state vs KV-cache bytes, crossover lengths and hybrid models, as a table, JSON and a plot.
 
-The arithmetic lives in :mod:`linattn.tools.memory`; this module only reads options, prints and writes files.
+The arithmetic lives in `linattn.tools.memory`; this module only reads options, prints and writes files.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Model configs read into a :class:`~linattn.tools.memory.formulas.LayerPlan`: HuggingFace-style ``config.json``
+"""Model configs read into a `LayerPlan`: HuggingFace-style ``config.json``
 files (Qwen3-Next and Kimi Linear keys) and the presets shipped beside this module (``presets/``)."""
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _attention_cache(config: Mapping[str, Any]) -> AttentionCache:
 
 
 def plan_from_config(config: Mapping[str, Any], *, strict: bool = True, name: str | None = None) -> LayerPlan:
-    """A :class:`LayerPlan` from a HuggingFace-style ``config.json`` dict.
+    """A [`LayerPlan`][linattn.tools.memory.LayerPlan] from a HuggingFace-style ``config.json`` dict.
 
     Qwen3-Next style: ``layer_types`` or ``full_attention_interval``; ``linear_num_{key,value}_heads``,
     ``linear_{key,value}_head_dim``, ``linear_conv_kernel_dim``; full layers from ``num_key_value_heads`` and
@@ -193,7 +193,7 @@ def plan_from_config(config: Mapping[str, Any], *, strict: bool = True, name: st
 
 
 def load_config(path: str | Path, *, strict: bool = True) -> LayerPlan:
-    """Read a ``config.json`` file into a :class:`LayerPlan`; errors name the file."""
+    """Read a ``config.json`` file into a [`LayerPlan`][linattn.tools.memory.LayerPlan]; errors name the file."""
     p = Path(path)
     try:  # a regular file of bounded size, bounded nesting and finite numbers (linattn.tools.harness.jsonfile)
         data = read_json(p, what="config:")
@@ -212,7 +212,7 @@ def list_presets() -> list[str]:
 
 
 def load_preset(name: str) -> LayerPlan:
-    """A shipped preset by name (see :func:`list_presets`)."""
+    """A shipped preset by name (see [`list_presets`][linattn.tools.memory.list_presets])."""
     names = list_presets()
     if name not in names:
         raise ValueError(f"preset: unknown preset {name!r}; expected one of {names}")

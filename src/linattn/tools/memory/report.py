@@ -1,4 +1,4 @@
-"""A :class:`~linattn.tools.memory.formulas.LayerPlan` priced at a list of lengths: exact bytes per head, per layer
+"""A `LayerPlan` priced at a list of lengths: exact bytes per head, per layer
 and for the whole model, and the crossover lengths."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``linattn mqar``: the command line of the MQAR tool, on the tools' shared convention
-(:mod:`linattn.tools.harness.cli`). One run (:mod:`~linattn.tools.mqar.experiment`), a latency pass for the
-checkpoints of an earlier result, a summary over seeds (:mod:`~linattn.tools.mqar.seeds`), or the learning-rate
-sweep (:mod:`~linattn.tools.mqar.sweep_runner`), which resumes from its ``--output``."""
+(`linattn.tools.harness.cli`). One run (`experiment`), a latency pass for the
+checkpoints of an earlier result, a summary over seeds (`seeds`), or the learning-rate
+sweep (`sweep_runner`), which resumes from its ``--output``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ SWEEP_OPTIONS = {"sweep", "sweep_report", "mixers", "quick", "workers", "output"
 
 
 def _json_writer(schema: str):
-    """A writer for :func:`hcli.write`: the document validated against ``schema``, written atomically."""
+    """A writer for `hcli.write`: the document validated against ``schema``, written atomically."""
     return lambda path, doc, overwrite: write_result(doc, path, schema, overwrite=overwrite)
 
 

@@ -5,7 +5,7 @@
 * **write-rule capacity**: (a) *overwritten keys* -- half the pairs written again with new values, the queries ask
   for the latest one; (b) *near-duplicate keys* -- the input embeddings of the key tokens pulled towards their
   common direction until every key's cosine with it is ``sqrt(rho)``, so two keys share ``rho`` of their
-  embedding (:func:`near_duplicate_table`); the sequences are ordinary MQAR.
+  embedding (`near_duplicate_table`); the sequences are ordinary MQAR.
 * **precision**: the model as trained (float32), the model in bfloat16 with the recurrent state accumulating in
   float32 (linattn's default ``state_dtype``), and the whole model in bfloat16 including the state. Both bfloat16
   copies run their linear layers token by token (``form="recurrent"``) so that the state really is carried from
@@ -69,7 +69,7 @@ class InputEmbedding(nn.Embedding):
 
 
 def with_near_duplicate_keys(model: CausalLM, cfg: TrainConfig, rho: float) -> CausalLM:
-    """A copy of ``model`` whose key tokens ``[1, 1 + num_keys)`` are read through :func:`near_duplicate_table`."""
+    """A copy of ``model`` whose key tokens ``[1, 1 + num_keys)`` are read through `near_duplicate_table`."""
     num_keys, _ = split_vocab(cfg.vocab_size)
     out = copy.deepcopy(model)
     table, _ = near_duplicate_table(model.embed.weight, slice(1, 1 + num_keys), rho)
@@ -86,7 +86,7 @@ def mean_pairwise_cosine(x: torch.Tensor) -> float:
 
 
 def with_precision(model: CausalLM, precision: str) -> CausalLM:
-    """A copy of ``model`` for one of :data:`PRECISIONS`: ``"float32"`` is the model as trained;
+    """A copy of ``model`` for one of `PRECISIONS`: ``"float32"`` is the model as trained;
     ``"bfloat16_state_float32"``: weights and activations bfloat16, every linear layer's state float32, token by
     token; ``"bfloat16"``: the same with the state in bfloat16 as well."""
     if precision not in PRECISIONS:

@@ -1,5 +1,5 @@
-"""One ``linattn mqar`` run: train and evaluate every mixer (:mod:`~linattn.tools.mqar.train`, the controls of
-:mod:`~linattn.tools.mqar.controls`), then time the decode latency of every mixer side by side; or only the latency
+"""One ``linattn mqar`` run: train and evaluate every mixer (`train`, the controls of
+`controls`), then time the decode latency of every mixer side by side; or only the latency
 pass, for the checkpoints of an earlier result. Returns the result document (schema ``mqar``)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _short_long(rows: list[dict[str, Any]], n: int) -> tuple[float | None, float
 def decode_latency(models: dict[str, Any], histories: tuple[int, ...], *, repeats: int, calls: int = 5,
                    progress: bool = True) -> list[dict[str, Any]]:
     """Median milliseconds per decoded token (batch 1) for every (mixer, history), interleaved so that every
-    mixer sees the same machine load (the harness timer's :func:`time_turns`); each timed call is ``calls`` steps
+    mixer sees the same machine load (the harness timer's `time_turns`); each timed call is ``calls`` steps
     from the same cache (the history stays L)."""
     caches = {}
     for name, model in models.items():

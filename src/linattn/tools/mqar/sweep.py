@@ -2,13 +2,13 @@
 rates with a held-out validation set and early stopping; the best learning rate is chosen on validation accuracy,
 reported on a separate test set, and rerun with more seeds.
 
-One training run (:func:`train_run`) is a pure function of its :class:`Job` and the :class:`SweepConfig` (weights
+One training run (`train_run`) is a pure function of its `Job` and the `SweepConfig` (weights
 from the seed, each step's batch from (seed, step), one torch thread), so a run lost to a kill is simply run again.
 
 Stopping, checked every ``eval_every`` steps on the validation set:
 
-* ``solved``: validation accuracy reached :data:`SOLVED` (0.99).
-* ``no_improvement``: the best validation accuracy did not rise by :data:`MIN_GAIN` for ``patience`` evaluations;
+* ``solved``: validation accuracy reached `SOLVED` (0.99).
+* ``no_improvement``: the best validation accuracy did not rise by `MIN_GAIN` for ``patience`` evaluations;
   only once the run has left the plateau -- a run still on it trains on, since MQAR's plateaus end suddenly.
 * ``steps``: the step limit of its setting.
 * ``diverged``: a non-finite training loss.
@@ -18,7 +18,7 @@ again at every learning rate, seed 0, with ``plateau_steps`` steps (``extended``
 then chosen among both stages, and the seeds run at the winner's. Zoology trains to convergence; this spends the
 longer budget only where the short one decided nothing.
 
-The plateau rule (:func:`left_plateau`): a run has left MQAR's plateau when its best validation accuracy is at
+The plateau rule (`left_plateau`): a run has left MQAR's plateau when its best validation accuracy is at
 least twice chance, where chance is ``1 / num_pairs`` (a model that only knows the answer is one of the values
 written in the sequence). Test accuracy is measured with the weights of the best validation evaluation.
 """
@@ -119,7 +119,7 @@ class SweepConfig:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> SweepConfig:
-        """The config of :meth:`as_json`; a file written before a field existed gets the value it ran with."""
+        """The config of `as_json`; a file written before a field existed gets the value it ran with."""
         old = {"attention_positions": True} if "attention_conv_size" not in d else {}
         return SweepConfig(**(old | {k: (tuple(tuple(x) for x in v) if k == "settings" else tuple(v)
                                          if isinstance(v, list) else v) for k, v in d.items()}))
@@ -181,13 +181,13 @@ def chance(num_pairs: int) -> float:
 
 
 def left_plateau(val_accuracy: float, num_pairs: int) -> bool:
-    """The plateau rule: validation accuracy at least :data:`PLATEAU_FACTOR` times chance (1 / pairs)."""
+    """The plateau rule: validation accuracy at least `PLATEAU_FACTOR` times chance (1 / pairs)."""
     return val_accuracy >= PLATEAU_FACTOR * chance(num_pairs)
 
 
 @dataclass
 class EarlyStop:
-    """The stopping rule, fed one validation accuracy per evaluation: :meth:`update` returns ``"solved"``,
+    """The stopping rule, fed one validation accuracy per evaluation: `update` returns ``"solved"``,
     ``"no_improvement"`` or None (train on)."""
 
     patience: int
@@ -383,7 +383,7 @@ def seed_jobs(cfg: SweepConfig, best: list[dict[str, Any]]) -> list[Job]:
 
 def total_runs(cfg: SweepConfig, runs: list[dict[str, Any]] = ()) -> int:
     """Runs the sweep holds when complete, as far as ``runs`` tell: every finished run, every learning-rate run,
-    and per group its wanted jobs (:func:`seed_jobs`; seeds assumed for groups not finished yet, and the seeds
+    and per group its wanted jobs (`seed_jobs`; seeds assumed for groups not finished yet, and the seeds
     after a pending extension)."""
     best = select_best(cfg, list(runs))
     wanted = {Job.of(r) for r in runs} | set(lr_jobs(cfg)) | set(seed_jobs(cfg, best))

@@ -1,10 +1,10 @@
-"""Runs a :class:`~linattn.tools.mqar.sweep.SweepConfig` over worker processes and keeps its result file current.
+"""Runs a `SweepConfig` over worker processes and keeps its result file current.
 
 The result file is rewritten (atomically) after every finished run, so at any moment it holds every finished run
 and is a valid ``mqar_sweep`` document. Starting again with the same configuration and the same ``output``
 resumes: finished runs are kept and skipped, everything else is run. A file of another configuration is refused
 unless ``overwrite`` is given; then the runs the new configuration would repeat unchanged (same
-:func:`~linattn.tools.mqar.sweep.run_inputs`) carry over and the rest are dropped. A run killed half way is lost
+`run_inputs`) carry over and the rest are dropped. A run killed half way is lost
 and run again from scratch (runs are minutes).
 """
 
@@ -47,7 +47,7 @@ def config_doc(cfg: SweepConfig) -> dict[str, Any]:
 def previous_runs(cfg: SweepConfig, output: Path | None, *, overwrite: bool) -> tuple[list, dict[str, Any] | None]:
     """(finished runs, the existing document) to resume from ``output``; ([], None) when there is none. Raises
     ValueError when the file is not a sweep result or of another configuration, unless ``overwrite``: then
-    another configuration's runs carry over where :func:`carried_over` says so."""
+    another configuration's runs carry over where `carried_over` says so."""
     if output is None or not os.path.lexists(output):
         return [], None
     try:
@@ -70,7 +70,7 @@ def previous_runs(cfg: SweepConfig, output: Path | None, *, overwrite: bool) -> 
 
 def carried_over(cfg: SweepConfig, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The runs of ``doc`` (a sweep of another configuration) that ``cfg`` would repeat unchanged: the job is one
-    of ``cfg``'s and :func:`~linattn.tools.mqar.sweep.run_inputs` agree (none when the stopping or plateau rules
+    of ``cfg``'s and `run_inputs` agree (none when the stopping or plateau rules
     differ)."""
     stored = dict(doc["config"])
     rules = {k: stored.pop(k, None) for k in ("solved", "min_gain", "plateau_factor", "chance", "selection")}

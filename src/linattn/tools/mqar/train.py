@@ -1,4 +1,4 @@
-"""MQAR training and evaluation of the small LM of :mod:`linattn.nn`, one model per mixer.
+"""MQAR training and evaluation of the small LM of `linattn.nn`, one model per mixer.
 
 Deterministic: the weights come from ``torch.manual_seed(seed)``, each step's batch from ``(seed, step)`` alone,
 the learning rate from the step alone, and there is no dropout; with a fixed thread count a run stopped at any
@@ -68,7 +68,7 @@ def taylor_qk_dim(head_dim: int) -> int:
 
 
 def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
-    """The CausalLM for ``mixer`` (a key of :data:`MIXER_SPECS`), initialized from ``cfg.seed``."""
+    """The CausalLM for ``mixer`` (a key of `MIXER_SPECS`), initialized from ``cfg.seed``."""
     if mixer not in MIXER_SPECS:
         raise ValueError(f"mixer: unknown {mixer!r}; expected one of {', '.join(map(str, MIXER_SPECS))}")
     spec = MIXER_SPECS[mixer]
@@ -93,7 +93,7 @@ def build_model(mixer: str, cfg: TrainConfig) -> CausalLM:
 
 
 def model_inputs(mixer: str, cfg: TrainConfig) -> dict[str, Any]:
-    """:func:`config_dict` without the options ``mixer``'s model ignores (attention options of a model without
+    """`config_dict` without the options ``mixer``'s model ignores (attention options of a model without
     attention layers): what decides its training."""
     spec = MIXER_SPECS[mixer]
     d = config_dict(cfg)
@@ -182,7 +182,7 @@ def load_checkpoint(path: Path, model: CausalLM, opt: torch.optim.Optimizer,
 
 
 def load_weights(path: Path, model: CausalLM, mixer: str, cfg: TrainConfig) -> int:
-    """Load only the weights of a checkpoint written by :func:`train` for ``mixer`` and ``cfg`` (another
+    """Load only the weights of a checkpoint written by `train` for ``mixer`` and ``cfg`` (another
     configuration is a ValueError); returns the step it was saved at."""
     from safetensors import safe_open
 
@@ -206,7 +206,7 @@ def finite_weights(model: torch.nn.Module) -> bool:
 
 
 def step_loss(model: CausalLM, inputs: np.ndarray, targets: np.ndarray) -> tuple[torch.Tensor, float] | None:
-    """:func:`loss_and_accuracy` for one training step, or None when training has diverged: the loss is not
+    """`loss_and_accuracy` for one training step, or None when training has diverged: the loss is not
     finite, or the forward raised on non-finite weights (a linattn layer refuses the NaN gate they make)."""
     try:
         loss, acc = loss_and_accuracy(model, inputs, targets)
@@ -223,7 +223,7 @@ def train(mixer: str, cfg: TrainConfig, *, checkpoint: Path | None = None, resum
     """Train one model for ``cfg.steps`` steps (fewer if ``budget_s`` seconds run out, or at ``stop_at``: a
     simulated interruption). With ``resume`` and an existing ``checkpoint`` training continues from it.
     Returns (model, info) with info: steps done, stop reason, wall seconds, the loss/accuracy log. A run whose loss
-    or weights go non-finite raises :class:`Diverged`, naming the mixer, the step and the learning rate."""
+    or weights go non-finite raises `Diverged`, naming the mixer, the step and the learning rate."""
     model = build_model(mixer, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     step, log, before_s = 0, [], 0.0

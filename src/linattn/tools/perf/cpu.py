@@ -5,7 +5,7 @@ channel, delta, gated delta), its ``recurrent`` form and its decode ``step``, ne
 HF transformers' pure-torch functions (when installed) and causal ``scaled_dot_product_attention``. Each thread
 count is one pass: the float32 matmul rate and the copy bandwidth are measured again at that count, and every
 case is reported as a fraction of both; a case run at two thread counts gets its thread-scaling ratio. Judged and
-rendered in :mod:`linattn.tools.perf.report`; counts in :mod:`linattn.tools.perf.work` (docs/perf.md).
+rendered in `linattn.tools.perf.report`; counts in `linattn.tools.perf.work` (docs/perf.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ next to the device's bfloat16 matmul rate and copy bandwidth measured in the sam
 implementation's output and gradients at a small shape are compared with linattn's torch chunk form in float64.
 Times are CUDA events around a batch of calls after a warmup, and per-call events for the median; peak memory
 from ``torch.cuda.max_memory_allocated``. A case that fails is recorded with its error; cases not started within
-``budget_s`` are recorded as skipped. Work counts are :func:`linattn.tools.perf.work.rule_flops`/``sdpa_flops``.
+``budget_s`` are recorded as skipped. Work counts are `linattn.tools.perf.work.rule_flops`/``sdpa_flops``.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def run_case(case: CudaCase, cfg: CudaConfig, device: str, impls: Callable = imp
 
 
 def require_cuda() -> None:
-    """Raise :class:`NoCudaDevice` unless torch sees a CUDA device and the kernels would run compiled."""
+    """Raise `NoCudaDevice` unless torch sees a CUDA device and the kernels would run compiled."""
     if not torch.cuda.is_available():
         raise NoCudaDevice("--device cuda: no CUDA device is present (torch.cuda.is_available() is False); run it "
                            "on a CUDA machine, or leave out --device for the CPU benchmark")

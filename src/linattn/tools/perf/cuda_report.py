@@ -1,4 +1,4 @@
-"""Ratios and the Markdown report of ``linattn perf --device cuda`` (:mod:`linattn.tools.perf.cuda`)."""
+"""Ratios and the Markdown report of ``linattn perf --device cuda`` (`linattn.tools.perf.cuda`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Implementations timed by ``linattn perf``: linattn itself, the optional peers, and softmax attention.
 
-Every implementation is called on the same :class:`Inputs` (``[B, T, H, D]``, the public layout) and returns
+Every implementation is called on the same `Inputs` (``[B, T, H, D]``, the public layout) and returns
 ``o [B, T, H, Dv]``. Each peer adapter transposes to the peer's own layout and passes arguments so that the peer
 computes exactly the function linattn computes for that variant (scale ``D**-0.5`` on the queries, output read
-after the write, the same epsilon); :func:`crosscheck` measures how closely they agree.
+after the write, the same epsilon); `crosscheck` measures how closely they agree.
 
 Peers are imported only when a selected case needs them. A peer whose import fails is reported as
 ``not installed`` with the import error; it never stops the run.

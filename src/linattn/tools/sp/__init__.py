@@ -1,2 +1,2 @@
 """``linattn sp-bench``: sequence parallelism on local gloo processes against one process, and a paper model of
-many ranks (:mod:`~linattn.tools.sp.bench`)."""
+many ranks (`bench`)."""

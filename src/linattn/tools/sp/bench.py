@@ -1,6 +1,6 @@
 """``linattn sp-bench``: sequence parallelism on N local gloo processes against one process, and a paper model.
 
-Measured here: forward and forward+backward time of :func:`linattn.distributed.linear_attention` with the sequence
+Measured here: forward and forward+backward time of `linattn.distributed.linear_attention` with the sequence
 split N ways (each rank one torch thread; a step takes as long as its slowest rank) against one process running
 the whole sequence with one thread (rank 0, while the others wait, interleaved with the SP calls), and the bytes
 each rank writes to its sockets (``wchar`` of /proc/self/io, which counts gloo's socket writes) in the forward and

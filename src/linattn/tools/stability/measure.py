@@ -2,17 +2,17 @@
 rescaling do. Each is a pure function returning plain dicts (report.py formats them, plots.py draws them, cli.py
 reads the options and writes the files):
 
-* :func:`stability_sweep` runs a rule/form with q, k, v (and g, beta) cast to a candidate dtype and the state kept
+* `stability_sweep` runs a rule/form with q, k, v (and g, beta) cast to a candidate dtype and the state kept
   in that dtype (or in ``state_dtype``), against a float64 ground truth on the *same* inputs, over lengths, input
   scales and chunk sizes. The inputs are first rounded to a grid every candidate dtype holds exactly, so the error
   is the error of the computation, not of storing the inputs. The ground truth is ``linattn.linear_attention`` in
-  float64 (chunk form, chunk 64), checked against the NumPy loop :mod:`linattn.reference` at a short length
-  (:func:`reference_check`): the loop itself would take minutes at T = 65,536.
-* :func:`epsilon_tradeoff`: ``num / (den + eps)`` against ``num / max(den, eps)`` and several eps, in float64,
+  float64 (chunk form, chunk 64), checked against the NumPy loop `linattn.reference` at a short length
+  (`reference_check`): the loop itself would take minutes at T = 65,536.
+* `epsilon_tradeoff`: ``num / (den + eps)`` against ``num / max(den, eps)`` and several eps, in float64,
   on inputs whose denominators span many decades; where does eps change the answer.
-* :func:`rescale_state` and :func:`run_segmented`: multiply S, z and eps by one factor between segments (and the
+* `rescale_state` and `run_segmented`: multiply S, z and eps by one factor between segments (and the
   later key features with it), which leaves every output unchanged while keeping the state inside the dtype's
-  range; :func:`rescaling_check` measures it.
+  range; `rescaling_check` measures it.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def reference_check(rule: str, *, length: int = 128, seed: int = 0) -> float:
 
 
 def reference_summary(rules: Sequence[str], seed: int) -> dict[str, Any]:
-    """The result's ``reference`` entry: :func:`reference_check` per rule, judged against ``REFERENCE_TOL``."""
+    """The result's ``reference`` entry: `reference_check` per rule, judged against ``REFERENCE_TOL``."""
     diffs = {r: reference_check(r, seed=seed) for r in rules}
     return {"form": REFERENCE_FORM, "chunk_size": REFERENCE_CHUNK, "dtype": "float64", "max_abs_diff_vs_numpy": diffs,
             "check_length": 128, "tolerance": REFERENCE_TOL, "passed": all(d <= REFERENCE_TOL for d in diffs.values())}
@@ -233,7 +233,7 @@ def stability_sweep(
 
     ``state_dtype=None`` keeps the state in the candidate dtype; a name (e.g. ``"float32"``) keeps it there
     instead (mixed precision). A kernel that refuses a dtype is recorded with its ``error`` and the sweep goes on.
-    Scales and chunk sizes are varied one at a time (see :func:`case_grid`) unless ``full_grid``.
+    Scales and chunk sizes are varied one at a time (see `case_grid`) unless ``full_grid``.
     """
     for rule in rules:
         if rule not in RULES:
@@ -384,7 +384,7 @@ def rescale_state(state: State, factor: float, eps: float = 1e-6) -> tuple[State
     """``(State(factor * S, factor * z), factor * eps)``: the read-out ``q^T S / (q^T z + eps)`` is unchanged.
 
     Both eps modes survive it (``max(f den, f eps) = f max(den, eps)``). Only the state changes, so the keys
-    written afterwards must be multiplied by the same factor (:func:`run_segmented` does it), or the old history
+    written afterwards must be multiplied by the same factor (`run_segmented` does it), or the old history
     would weigh ``factor`` times less than the new. A power of two changes no bits but the exponent. Rules
     without a normalizer (delta) read ``S^T q`` directly, so rescaling would change their output: refused.
     """
@@ -418,7 +418,7 @@ def run_segmented(
     """Run a normalized rule ``segment`` tokens at a time in ``dtype``, carrying the state between calls.
 
     After a segment whose state has an entry above ``limit``, S, z and eps are multiplied by a power of two that
-    brings the largest entry to at most ``limit / 16`` (:func:`rescale_state`), and later key features by the
+    brings the largest entry to at most ``limit / 16`` (`rescale_state`), and later key features by the
     running product of those factors. ``limit=None`` never rescales. ``scale_eps=False`` leaves eps alone, to
     show why it has to move with the state. Returns the outputs and ``{n_rescales, key_factor,
     peak_state_abs}``.
