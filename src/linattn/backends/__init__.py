@@ -81,6 +81,22 @@ def _cpu_plan(backend: str, refusal: str | None, auto_why: str | None, module: s
     return Plan("cpu", "the numba kernels take the call")
 
 
+def _device_plan(backend: str, rule: str, tensors: tuple, state: torch.Tensor, grad: bool | None,
+                 extra: dict | None, chunk_size: int | None) -> Plan | None:
+    """The plan where the device or a transform decides (Triton, CUDA, torch.func), else None: the CPU's turn.
+    ``grad``: as `triton.refusal` takes it (None for a whole sequence, whose kernels have a backward)."""
+    if backend == "triton" or (policy.TRITON_UNDER_AUTO and tensors[0].is_cuda):
+        kt, why = triton.refusal(rule, tensors, state, grad, extra, chunk_size)
+        if kt is None:
+            raise _forced("triton", why)
+        return Plan("triton", "backend='triton'")
+    if tensors[0].is_cuda:
+        return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
+    if functorch_active():
+        return _cpu_plan(backend, TRANSFORM_REFUSAL, None)
+    return None
+
+
 def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, grad: bool,
                  chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None, extra: dict | None = None) -> Plan:
@@ -90,15 +106,9 @@ def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torc
         return TORCH
     if cu_seqlens is not None and (backend == "triton" or q.is_cuda):
         return Plan(None, "packed sequences on Triton run as padded segments")
-    if backend == "triton" or (policy.TRITON_UNDER_AUTO and q.is_cuda):
-        kt, why = triton.refusal(rule, (q, k, v, g, beta), state, None, extra, chunk_size)
-        if kt is None:
-            raise _forced("triton", why)
-        return Plan("triton", "backend='triton'")
-    if q.is_cuda:
-        return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
-    if functorch_active():
-        return _cpu_plan(backend, TRANSFORM_REFUSAL, None)
+    plan = _device_plan(backend, rule, (q, k, v, g, beta), state, None, extra, chunk_size)
+    if plan is not None:
+        return plan
     refusal = cpu.refusal(rule, (q, k, v, g, beta), state, False, extra)
     auto_why = None
     if form not in policy.AUTO_FORMS:
@@ -146,15 +156,9 @@ def plan_step(backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: t
     if backend == "torch":
         return TORCH
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
-    if backend == "triton" or (policy.TRITON_UNDER_AUTO and q.is_cuda):
-        kt, why = triton.refusal(rule, (q, k, v, g, beta), state, grad, extra)
-        if kt is None:
-            raise _forced("triton", why)
-        return Plan("triton", "backend='triton'")
-    if q.is_cuda:
-        return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
-    if functorch_active():
-        return _cpu_plan(backend, TRANSFORM_REFUSAL, None)
+    plan = _device_plan(backend, rule, (q, k, v, g, beta), state, grad, extra, None)
+    if plan is not None:
+        return plan
     refusal = cpu.refusal(rule, (q, k, v, g, beta), state, grad, extra)
     auto_why = None if "step" in policy.AUTO_FORMS else "the step's torch form is asked for"
     return _cpu_plan(backend, refusal, auto_why)
