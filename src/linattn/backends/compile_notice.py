@@ -14,8 +14,9 @@ import threading
 
 from numba.core import event
 
-# What a first run typically waits, measured on a 2-core AMD EPYC (benchmarks/results/cold_start_cpu.txt).
-TYPICAL = "about 30-60 s on 2 cores"
+# What a first run typically waits on a 2-core AMD EPYC: 25-27 s quiet, up to 60 s under load
+# (benchmarks/results/cold_start_quiet_cpu.txt, cold_start_cpu.txt).
+TYPICAL = "about 25-60 s on 2 cores"
 MESSAGE = ("linattn: compiling the CPU kernels for first use ({kernel}; {typical}, once: numba caches them on "
            "disk for later runs)")
 
