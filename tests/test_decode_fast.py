@@ -263,12 +263,12 @@ def test_exp_is_rounded_once_to_float32():
     import numba
     import numpy as np
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_intrinsics
 
     @numba.njit(**{n: f for n, f in cpu_decode._FLAGS.items() if n != "cache"})  # as the kernel compiles it
     def run(x, out):
         for i in range(x.shape[0]):
-            out[i] = cpu_numba.exp32_jit(x[i])
+            out[i] = cpu_intrinsics.exp32_jit(x[i])
 
     x = np.concatenate([np.linspace(-110, 90, 200_001), [0.0, -0.0, -1e-30, -np.inf, np.nan, np.inf]]).astype(
         np.float32)

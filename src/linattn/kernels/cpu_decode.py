@@ -34,7 +34,7 @@ from numba import types
 from linattn.kernels import cpu_numba
 
 # FEATURE_CODES: the codes decode.py asks this module for
-from linattn.kernels.cpu_numba import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
+from linattn.kernels.cpu_intrinsics import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
 
 OK, BAD_GATE = 0, 1
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
