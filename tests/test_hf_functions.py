@@ -331,3 +331,65 @@ def test_convolution_packed_equals_each_sequence_alone_and_grads(packing):
         assert rel(got, want) <= 1e-12
     y32 = lt.causal_conv1d_fn(x.float(), w.float(), b.float(), "silu", **{packing: packed})  # the compiled pass
     assert rel(y32, ref) <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ every model type
+# Every model type's own modeling file, every function the patch replaces there (the fused Mamba-2 split-conv-scan,
+# which HF's torch code and linattn both decline on a CPU, has its own test above).
+OWN = [(model, name) for _, (models, functions) in lt.FAMILIES.items() for model in models for name in functions
+       if name != "mamba2_split_conv1d_scan_combined"]
+
+
+def _own_case(name, gen):
+    """(positional args, keyword args, the index of the argument both update in place or None) for ``name``,
+    float32 as HF's layers call it."""
+    if name in ("torch_chunk_gated_delta_rule", "chunk_kimi_delta_attention",
+                "torch_recurrent_gated_delta_rule", "recurrent_kimi_delta_attention"):
+        kda = "kimi" in name
+        T = 13 if "chunk" in name else 1
+        q, k, v, g, beta, S0 = (x.float() for x in delta_inputs(T, gen, per_channel=kda, HV=2 if kda else 4))
+        kw = dict(initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        return (q, k, v, g, beta), kw, None  # (HF returns its new state; the final states are compared)
+    if name == "mamba2_chunk_scan":
+        x, dt, A, Bm, Cm, D, dt_bias, S0 = (t.float() for t in ssm_inputs(9, gen))
+        kw = dict(chunk_size=8, D=D, dt_bias=dt_bias, initial_states=S0, dt_softplus=True,
+                  dt_limit=(0.0, float("inf")), return_final_states=True)
+        return (x, dt, A, Bm, Cm), kw, None
+    if name == "mamba2_selective_state_update":
+        x, dt, A, Bm, Cm, D, dt_bias, z = decode_args(gen, dtype=torch.float32)
+        state = torch.randn(2, 4, 3, 5, generator=gen)
+        return (state, x, dt, A, Bm, Cm), dict(D=D, dt_bias=dt_bias, dt_softplus=True, z=z), 0
+    C, K = 6, 4
+    w, b = torch.randn(C, K, generator=gen), torch.randn(C, generator=gen)
+    if name == "causal_conv1d_fn":
+        return (torch.randn(2, C, 9, generator=gen), w, b), dict(activation="silu"), None
+    assert name == "causal_conv1d_update", name
+    window = torch.randn(2, C, K, generator=gen)
+    return (torch.randn(2, C, 1, generator=gen), window, w, b, "silu"), {}, 1
+
+
+def _copies(args, kw):
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args], {
+        n: x.clone() if isinstance(x, torch.Tensor) else x for n, x in kw.items()}
+
+
+def _flat(out):
+    return [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("model_type,name", OWN, ids=[f"{m}-{n}" for m, n in OWN])
+def test_every_model_types_own_function_against_its_hf_torch_code(model_type, name):
+    """linattn's replacement against the undecorated HF torch function of that model type's own file, on the same
+    float32 inputs: outputs, final states and any state updated in place agree to float32 rounding."""
+    ours = lt.FAMILIES[lt.FAMILY_OF[model_type]][1][name][1]
+    theirs = hf(model_type, name)
+    args, kw, in_place = _own_case(name, torch.Generator().manual_seed(12))
+    (a1, k1), (a2, k2) = _copies(args, kw), _copies(args, kw)
+    with torch.no_grad():
+        got, want = ours(*a1, **k1), theirs(*a2, **k2)
+    pairs = list(zip(_flat(got), _flat(want), strict=True))
+    if in_place is not None:  # the state both update where it lies
+        pairs.append((a1[in_place], a2[in_place]))
+    assert pairs
+    for a, b in pairs:
+        assert a.shape == b.shape and rel(a, b) <= 2e-5, (model_type, name)
