@@ -31,10 +31,12 @@ __all__ = ["BACKENDS", "Plan", "check_backend", "decode_kernel", "decode_threads
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: ``kernel`` is ``"cpu"`` or ``"triton"`` (a compiled backend) or None (the torch forms);
-    ``why`` says what decided it, in words (a refusal's reason, or the policy's rule)."""
+    ``why`` says what decided it, in words (a refusal's reason, or the policy's rule); ``module``: the Triton
+    kernels' module when ``kernel`` is ``"triton"`` (found once, by the refusal check)."""
 
     kernel: str | None
     why: str
+    module: object = None
 
 
 TORCH = Plan(None, "backend='torch'")
@@ -89,7 +91,7 @@ def _device_plan(backend: str, rule: str, tensors: tuple, state: torch.Tensor, g
         kt, why = triton.refusal(rule, tensors, state, grad, extra, chunk_size)
         if kt is None:
             raise _forced("triton", why)
-        return Plan("triton", "backend='triton'")
+        return Plan("triton", "backend='triton'", kt)
     if tensors[0].is_cuda:
         return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
     if functorch_active():
@@ -140,9 +142,9 @@ def linear_attention(
     plan = plan_prefill(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=state, grad=grad,
                         chunk_size=chunk_size, cu_seqlens=cu_seqlens, extra=extra)
     if plan.kernel == "triton":
-        kt, _ = triton.refusal(rule, (q, k, v, g, beta), state, None, extra, chunk_size)
-        return kt.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap, scale=scale,
-                                   normalize=normalize, eps=eps, eps_mode=eps_mode, chunk_size=chunk_size)
+        return plan.module.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap,
+                                            scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode,
+                                            chunk_size=chunk_size)
     if plan.kernel == "cpu":
         return cpu.prefill(q, k, v, g, beta, state, fmap, scale, normalize, eps, eps_mode, grad, cu_seqlens)
     return None
@@ -176,9 +178,8 @@ def step(
     """
     plan = plan_step(backend, rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, extra=extra)
     if plan.kernel == "triton":
-        kt, _ = triton.refusal(rule, (q, k, v, g, beta), state, False, extra)
-        return kt.step(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, normalize=normalize, eps=eps,
-                       eps_mode=eps_mode, inplace=inplace)
+        return plan.module.step(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, normalize=normalize,
+                                eps=eps, eps_mode=eps_mode, inplace=inplace)
     if plan.kernel == "cpu":
         return cpu.step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend)
     return None

@@ -22,7 +22,7 @@ import torch
 
 from linattn import buffers, feature_maps
 from linattn.backends import compile_notice, policy
-from linattn.layout import from_kernel_layout, to_kernel_layout, with_ones_column, zero_state
+from linattn.layout import from_kernel_layout, to_kernel_layout, with_ones_column
 from linattn.ops import gated as ops_gated
 from linattn.ops import gated_delta as ops_gated_delta
 
@@ -68,11 +68,6 @@ def kernel(name: str):
 def load():
     """The numba token loops (`linattn.kernels.cpu_numba`), or None when numba cannot load."""
     return _numba if _numba is not None else kernel("cpu_numba")
-
-
-def loaded() -> bool:
-    """Whether the numba module is already loaded (no import attempted)."""
-    return _numba is not None
 
 
 def decode_module():
@@ -240,7 +235,7 @@ class CompiledPrefill(torch.autograd.Function):
         q, k, v, g, beta, _ = ctx.saved_tensors
         N, H, Dk, Dw = len(ctx.cu) - 1, q.shape[1], q.shape[2], v.shape[2]
         # (The incoming gradients may be negative views, which autograd makes: resolved before NumPy reads them.)
-        dST = (to_kernel_layout(zero_state(N, H, Dk, Dw, False, torch.float32, "cpu")) if grad_S is None
+        dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
                else to_kernel_layout(grad_S.resolve_neg()))
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
         threads = loop_threads(q.shape[0] * H * Dw * Dk, N * H)
