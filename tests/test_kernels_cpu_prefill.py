@@ -431,6 +431,19 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
     assert len(seen) == 5 * len(threads)
 
 
+def test_loop_threads_counts_the_prefill_s_value_blocks_and_the_backward_s_pairs(monkeypatch):
+    """One sizing for the prefill, its autograd forward and its backward: the work is tokens x H x Dk x Dw state
+    entries; the units are (sequence, head) pairs, cut into blocks of 32 value rows for the prefill only."""
+    monkeypatch.setattr(cpu_backend, "available_threads", lambda: 2)
+    monkeypatch.setattr(policy, "PREFILL_SPLIT_MIN_WORK", 4096 * 64 * 65)
+    assert cpu_backend.loop_threads(4096, 1, 1, 64, 65, value_rows=64) == 2  # one head, two blocks of 32 rows
+    assert cpu_backend.loop_threads(4096, 1, 1, 64, 65) == 1  # the backward: one pair
+    assert cpu_backend.loop_threads(4096, 1, 1, 64, 65, value_rows=31) == 1  # under 32 rows: one block
+    assert cpu_backend.loop_threads(4095, 2, 1, 64, 65) == 1  # below the work threshold
+    assert cpu_backend.loop_threads(4096, 2, 1, 64, 65) == 2
+    assert cpu_backend.loop_threads(2048, 1, 2, 64, 65) == 2  # two heads of one sequence
+
+
 def test_prefill_cols_spreads_few_heads_and_keeps_many_whole():
     from linattn.kernels import cpu_prefill
 

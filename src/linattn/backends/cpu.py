@@ -71,9 +71,13 @@ def available_threads() -> int:
     return min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
 
 
-def loop_threads(work: int, pairs: int) -> int:
-    """Threads for a compiled token loop over ``work`` state entries in ``pairs`` units (the policy's rule)."""
-    return policy.loop_threads(work, pairs, available_threads())
+def loop_threads(tokens: int, seqs: int, H: int, Dk: int, Dw: int, value_rows: int | None = None) -> int:
+    """Threads for a compiled prefill or backward over ``tokens`` tokens of ``seqs`` sequences with ``H`` heads of
+    [Dk, Dw] state (the policy's rule): the work is the state entries swept, the units the (sequence, head) pairs,
+    each cut into blocks of 32 of its ``value_rows`` (the prefill: its smallest units,
+    `linattn.kernels.cpu_prefill.prefill_cols`; None: the backward, whose units are whole pairs)."""
+    pairs = seqs * H * (1 if value_rows is None else max(1, value_rows // 32))
+    return policy.loop_threads(tokens * H * Dk * Dw, pairs, available_threads())
 
 
 def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
@@ -163,7 +167,7 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     ST = to_kernel_layout(state)  # the prefill kernel's layout (a copy: state is not ours)
     o = buffers.empty((B * T, H, Dv))
     view = bf16_bits if raw else f32
-    threads = loop_threads(B * T * H * ST.shape[-2] * Dk, (len(cu) - 1) * H * max(1, Dv // 32))
+    threads = loop_threads(B * T, len(cu) - 1, H, Dk, ST.shape[-2], value_rows=Dv)
     kernel("cpu_prefill").prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)),
                                   f32(g, (*flat, -1)), f32(beta, flat), cu, buffers.array(ST), buffers.array(o),
                                   scale=scale, eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize,
@@ -211,7 +215,7 @@ class CompiledPrefill(torch.autograd.Function):
         ST = to_kernel_layout(S0)
         o = buffers.empty(tuple(v.shape))
         T, H, Dw = v.shape
-        threads = loop_threads(T * H * Dw * q.shape[-1], (len(cu) - 1) * H * max(1, Dw // 32))
+        threads = loop_threads(T, len(cu) - 1, H, q.shape[-1], Dw, value_rows=Dw)
         ckpt = kernel("cpu_prefill").prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, buffers.array(ST),
                                              buffers.array(o), scale=scale, eps=0.0, clamp=False, normalize=False,
                                              every=every, threads=threads)
@@ -229,7 +233,7 @@ class CompiledPrefill(torch.autograd.Function):
         dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
                else to_kernel_layout(grad_S.resolve_neg()))
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
-        threads = loop_threads(q.shape[0] * H * Dw * Dk, N * H)
+        threads = loop_threads(q.shape[0], N, H, Dk, Dw)
         # torch's own tensors, written through views: the gradients stay resizable (torch.from_numpy's are not)
         dq, dk, dv = (buffers.empty(tuple(x.shape)) for x in (q, k, v))
         dg = None if g is None else torch.empty(g.shape, dtype=torch.float32)
