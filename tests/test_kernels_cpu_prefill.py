@@ -265,7 +265,7 @@ def test_per_channel_backward_threshold_counts_token_head_rows(monkeypatch):
 
 def test_torch_backend_never_loads_the_kernels(monkeypatch):
     """backend="torch" decides before anything asks for the compiled kernels (no import, no warning)."""
-    monkeypatch.setattr(cpu_backend, "load", lambda: (_ for _ in ()).throw(AssertionError("kernels loaded")))
+    monkeypatch.setattr(cpu_backend, "kernel", lambda name: (_ for _ in ()).throw(AssertionError(f"{name} loaded")))
     q, k, v, kw = make("gated", "channel", B=1, T=13, Hq=2, Dk=5, Dv=3)
     q.requires_grad_(True)
     o, _ = linattn.linear_attention(q, k, v, backend="torch", **kw)
