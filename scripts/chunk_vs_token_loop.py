@@ -3,7 +3,7 @@ scores and its state update as small matmuls on data kept in L1/L2) beat the com
 
 An experiment, not a backend: the chunk kernel below (numba, its matmuls through numba's ``np.dot``, i.e. BLAS
 via SciPy) computes the unnormalized read of accumulate and of gated with one gate per head, checks itself against
-the token loop (``cpu_numba.prefill``) and both are timed side by side, interleaved, at B=1, H=8, D=64 (the
+the token loop (``cpu_prefill.prefill``) and both are timed side by side, interleaved, at B=1, H=8, D=64 (the
 normalized rules' ones column makes Dw = 65). Gates use the exact masked decay exp(G_i - G_j) per chunk (the form
 that is safe for every gate, -inf included). The delta rules' chunk form also needs a triangular solve per chunk
 and was not written.
@@ -27,7 +27,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from linattn.kernels import cpu_numba  # noqa: E402
+from linattn.kernels import cpu_prefill  # noqa: E402
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})  # serial: the timing is per thread
@@ -99,8 +99,8 @@ def main() -> None:
         def loop(gated=gated):
             ST = np.zeros((1, H, D + 1, D), dtype=np.float32)
             o = np.empty((T, H, D + 1), dtype=np.float32)
-            cpu_numba.prefill(q, k, v, g[..., None] if gated else None, None, cu, ST, o, scale=D**-0.5, eps=0.0,
-                              clamp=False, normalize=False)
+            cpu_prefill.prefill(q, k, v, g[..., None] if gated else None, None, cu, ST, o, scale=D**-0.5, eps=0.0,
+                                clamp=False, normalize=False)
             return o
 
         def chunk(C, gated=gated):

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn.backends import policy
-from linattn.kernels import cpu_numba
+from linattn.kernels import cpu_prefill
 
 THREADS = (1, 2)
 PREFILL = {"h8": dict(T=8192, Hq=8, H=8, D=64), "qwen3_next": dict(T=4096, Hq=16, H=32, D=128)}
@@ -238,12 +238,15 @@ def run_decode(limits_copy: dict) -> list[dict]:
 
 
 def load_kernel(src: str):
-    """The other tree's kernel module, loaded from its file. Its numba disk cache goes to a fresh folder: entries
-    cached for a module loaded this way cannot be reloaded by a later process (numba looks for '<dynamic>')."""
+    """The other tree's prefill module (``cpu_prefill.py``, or ``cpu_numba.py`` in trees from before the kernels
+    had a file each), loaded from its file; what it imports from linattn comes from this tree. Its numba disk
+    cache goes to a fresh folder: entries cached for a module loaded this way cannot be reloaded by a later process
+    (numba looks for '<dynamic>')."""
     import numba
 
-    path = Path(src) / "linattn" / "kernels" / "cpu_numba.py"
-    spec = importlib.util.spec_from_file_location("base_cpu_numba", path)
+    kernels = Path(src) / "linattn" / "kernels"
+    path = kernels / "cpu_prefill.py" if (kernels / "cpu_prefill.py").exists() else kernels / "cpu_numba.py"
+    spec = importlib.util.spec_from_file_location(f"base_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     old, numba.config.CACHE_DIR = numba.config.CACHE_DIR, tempfile.mkdtemp(prefix="linattn-base-numba-")
     try:
@@ -274,7 +277,7 @@ def run_ab(base_src: str, quick: bool) -> list[dict]:
             S0 = kw["initial_state"].S.transpose(-1, -2).contiguous().numpy()
 
             calls = {name: partial(kernel_call, mod, qn, kn, vn, g, beta, cu, S0, o, D**-0.5)
-                     for name, mod in (("base", base), ("this", cpu_numba))}
+                     for name, mod in (("base", base), ("this", cpu_prefill))}
             times = {"base": [], "this": []}
             calls["base"](), calls["this"]()
             rate = []

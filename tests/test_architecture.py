@@ -145,6 +145,23 @@ def test_the_circle_scan_sees_an_import_inside_a_function():
     assert _cycles({"linattn.api": edges, "linattn.packing": {"linattn.api"}}) == [["linattn.api", "linattn.packing"]]
 
 
+CPU_KERNELS = {f"linattn.kernels.cpu_{name}" for name in
+               ("backward", "conv", "decode", "intrinsics", "loop", "prefill", "threads")}
+
+
+def test_cpu_kernel_files_load_through_the_one_loader():
+    """The CPU kernel files import one another and `linattn.buffers`, nothing above them (no policy), and no module
+    outside `linattn.kernels` imports them: `linattn.backends.cpu.kernel` loads them by name, after it has chosen
+    numba's threading layer."""
+    graph, _ = _scan()
+    assert {m for m in MODULES if m.startswith("linattn.kernels.cpu_")} == CPU_KERNELS
+    outside = sorted(f"{m} -> {t}" for m, targets in graph.items() if not m.startswith("linattn.kernels.")
+                     for t in targets if t in CPU_KERNELS)
+    assert not outside, "CPU kernel files imported outside the loader:\n" + "\n".join(outside)
+    up = sorted(f"{m} -> {t}" for m in CPU_KERNELS for t in graph[m] if t not in CPU_KERNELS | {"linattn.buffers"})
+    assert not up, "CPU kernel files importing above the kernels:\n" + "\n".join(up)
+
+
 def _is_tool(module: str) -> bool:
     return module == "linattn.tools" or module.startswith("linattn.tools.")
 

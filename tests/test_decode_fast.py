@@ -377,11 +377,11 @@ def test_empty_heads_take_the_full_path(calls):
 
 
 def _launches(monkeypatch):
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_threads
 
     seen = []
-    real = cpu_numba.launch
-    monkeypatch.setattr(cpu_numba, "launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
+    real = cpu_threads.launch
+    monkeypatch.setattr(cpu_threads, "launch", lambda p, s, args, n: seen.append(n) or real(p, s, args, n))
     return seen
 
 
@@ -411,15 +411,15 @@ def test_batch_decode_parallel_above_a_threshold_matches(calls, monkeypatch):
     two threads (the one-call kernel on each part) and stays right."""
     import numba
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_threads
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
     monkeypatch.setattr(policy, "DECODE_SPLIT_MIN_ENTRIES", 0)
     launched = _launches(monkeypatch)
     parts = []
-    real_on_threads = cpu_numba.on_threads
-    monkeypatch.setattr(cpu_numba, "on_threads",
+    real_on_threads = cpu_threads.on_threads
+    monkeypatch.setattr(cpu_threads, "on_threads",
                         lambda fn, count, n: parts.append((count, n)) or real_on_threads(fn, count, n))
     q, k, v, kw = inputs("gated_delta", B=3, T=6, H=4, D=9, Dv=5)
     k = F.normalize(k, dim=-1)
@@ -440,7 +440,7 @@ def test_token_loop_decode_stays_serial_and_its_split_build_matches(calls, monke
     on two threads, gives the serial build's step bit for bit."""
     import numba
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_loop
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
@@ -464,8 +464,8 @@ def test_token_loop_decode_stays_serial_and_its_split_build_matches(calls, monke
     results = []
     for n in (1, 2):
         S, o = S0.clone(), torch.empty(B, 1, H, Dv)
-        cpu_numba.run(qs.numpy(), ks.numpy(), vs.numpy(), gs.numpy(), betas.numpy(), S.numpy(), o.numpy(),
-                      scale=1.0, eps=0.0, clamp=False, normalize=False, threads=n)
+        cpu_loop.run(qs.numpy(), ks.numpy(), vs.numpy(), gs.numpy(), betas.numpy(), S.numpy(), o.numpy(),
+                     scale=1.0, eps=0.0, clamp=False, normalize=False, threads=n)
         results.append((o, S))
     assert launched[-2:] == [1, 2]
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
@@ -581,14 +581,14 @@ def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads)
     kernel's result bit for bit. One group (B = Hq = 1) never splits."""
     import numba
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_threads
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
     assert 2 * 4096 * 2048 == policy.DECODE_SPLIT_MIN_ENTRIES
     seen = []
-    real = cpu_numba.on_threads
-    monkeypatch.setattr(cpu_numba, "on_threads", lambda fn, count, n: seen.append(n) or real(fn, count, n))
+    real = cpu_threads.on_threads
+    monkeypatch.setattr(cpu_threads, "on_threads", lambda fn, count, n: seen.append(n) or real(fn, count, n))
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 4096, generator=gen), F.normalize(torch.randn(2, 1, 4096, generator=gen), dim=-1)
     v, beta = torch.randn(2, 1, Dv, generator=gen), torch.rand(2, 1, generator=gen)

@@ -132,10 +132,9 @@ def test_bad_backend_names_the_argument():
 
 
 def test_missing_numba_warns_once_and_falls_back(monkeypatch):
-    monkeypatch.setattr(cpu_backend, "_numba", None)
     monkeypatch.setattr(cpu_backend, "_modules", {})
     monkeypatch.setattr(cpu_backend, "_failed", None)
-    monkeypatch.setitem(__import__("sys").modules, "linattn.kernels.cpu_numba", None)  # import now fails
+    monkeypatch.setitem(__import__("sys").modules, "linattn.kernels.cpu_prefill", None)  # import now fails
     q, k, v, kw = make("gated_delta", "head", gates="range")
     with pytest.warns(RuntimeWarning, match="compiled CPU kernels unavailable"):
         o, _ = linattn.linear_attention(q, k, v, backend="cpu", **kw)
@@ -175,14 +174,14 @@ def test_step_half_precision_inputs_float32_state():
 def test_serial_and_parallel_builds_have_cache_entries_of_their_own():
     """numba names a disk-cache entry after the function, not its options: two builds of one kernel sharing a
     name load one build for both (the parallel prefill then ran on one thread)."""
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_backward, cpu_loop, cpu_prefill
 
     names = set()
-    for kernel in ("token_loop", "backward"):
-        par, ser = getattr(cpu_numba, f"{kernel}_parallel"), getattr(cpu_numba, f"{kernel}_serial")
+    for module, kernel in ((cpu_loop, "token_loop"), (cpu_backward, "backward")):
+        par, ser = getattr(module, f"{kernel}_parallel"), getattr(module, f"{kernel}_serial")
         assert par.targetoptions.get("parallel") is True and not ser.targetoptions.get("parallel")
         names |= {par._cache._cache_file._index_name, ser._cache._cache_file._index_name}
     assert len(names) == 4, names
     # the prefill has one serial build (threads split its units): compiled once, whatever the thread count
-    assert not cpu_numba.prefill_kernel.targetoptions.get("parallel")
-    assert not hasattr(cpu_numba, "prefill_parallel")
+    assert not cpu_prefill.prefill_kernel.targetoptions.get("parallel")
+    assert not hasattr(cpu_prefill, "prefill_parallel")

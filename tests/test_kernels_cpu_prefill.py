@@ -208,8 +208,9 @@ def test_compiled_backward_under_auto_only_where_enabled(monkeypatch):
     q, k, v, kw = make("gated_delta", "head", B=1, T=20, Hq=2)
     q.requires_grad_(True)
     calls = []
-    real = cpu_backend.load().backward
-    monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = cpu_backend.kernel("cpu_backward")
+    real = module.backward
+    monkeypatch.setattr(module, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(policy, "AUTO_BACKWARD_RULES", ())
     o, _ = linattn.linear_attention(q, k, v, **kw)
     (gq,) = torch.autograd.grad(o.sum(), q)
@@ -226,8 +227,9 @@ def test_auto_takes_compiled_backward_for_per_channel_gates(monkeypatch, threads
     ``BACKWARD_MULTITHREAD_MIN_ROWS`` (token, head) rows; gates per head keep the torch chunk backward. The
     gradients agree with the torch form's either way."""
     calls = []
-    real = cpu_backend.load().backward
-    monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = cpu_backend.kernel("cpu_backward")
+    real = module.backward
+    monkeypatch.setattr(module, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(cpu_backend, "available_threads", lambda: threads)
     for gate, rows, compiled in (("head", 1, False), ("channel", 1 << 30, threads == 1), ("channel", 1, True)):
         monkeypatch.setattr(policy, "BACKWARD_MULTITHREAD_MIN_ROWS", rows)
@@ -246,8 +248,9 @@ def test_per_channel_backward_threshold_counts_token_head_rows(monkeypatch):
     """At more than one thread the compiled backward starts at exactly BACKWARD_MULTITHREAD_MIN_ROWS rows of
     (sequence, token, value head): B * T * HV."""
     calls = []
-    real = cpu_backend.load().backward
-    monkeypatch.setattr(cpu_backend.load(), "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = cpu_backend.kernel("cpu_backward")
+    real = module.backward
+    monkeypatch.setattr(module, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     monkeypatch.setattr(cpu_backend, "available_threads", lambda: 2)
     q, k, v, kw = make("gated", "channel", B=2, T=21, Hq=2, group=2, Dk=5, Dv=3)
     q.requires_grad_(True)
@@ -262,7 +265,7 @@ def test_per_channel_backward_threshold_counts_token_head_rows(monkeypatch):
 
 def test_torch_backend_never_loads_the_kernels(monkeypatch):
     """backend="torch" decides before anything asks for the compiled kernels (no import, no warning)."""
-    monkeypatch.setattr(cpu_backend, "load", lambda: (_ for _ in ()).throw(AssertionError("kernels loaded")))
+    monkeypatch.setattr(cpu_backend, "kernel", lambda name: (_ for _ in ()).throw(AssertionError(f"{name} loaded")))
     q, k, v, kw = make("gated", "channel", B=1, T=13, Hq=2, Dk=5, Dv=3)
     q.requires_grad_(True)
     o, _ = linattn.linear_attention(q, k, v, backend="torch", **kw)
@@ -300,7 +303,7 @@ def test_parallel_builds_match_serial(monkeypatch, rule, gate, normalize):
     prange build."""
     import numba
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_threads
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
@@ -308,10 +311,10 @@ def test_parallel_builds_match_serial(monkeypatch, rule, gate, normalize):
     kw = dict(kw, normalize=normalize, feature_map="elu1" if normalize else None)
     leaves = [x.requires_grad_(True) for x in (q, k, v, kw.get("g"), kw.get("beta")) if x is not None]
     runs, launched = [], []
-    real_launch, real_on_threads = cpu_numba.launch, cpu_numba.on_threads
-    monkeypatch.setattr(cpu_numba, "launch",
+    real_launch, real_on_threads = cpu_threads.launch, cpu_threads.on_threads
+    monkeypatch.setattr(cpu_threads, "launch",
                         lambda p, s, args, n: launched.append(("launch", n)) or real_launch(p, s, args, n))
-    monkeypatch.setattr(cpu_numba, "on_threads",
+    monkeypatch.setattr(cpu_threads, "on_threads",
                         lambda fn, count, n: launched.append(("threads", n)) or real_on_threads(fn, count, n))
     for threads, min_work in ((1, 1 << 62), (2, 0)):
         monkeypatch.setattr(policy, "PREFILL_SPLIT_MIN_WORK", min_work)
@@ -329,13 +332,13 @@ def test_parallel_builds_match_serial(monkeypatch, rule, gate, normalize):
 
 
 def test_on_threads_covers_every_index_once_and_raises_a_part_s_error():
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_threads
 
     seen = []
-    cpu_numba.on_threads(lambda lo, hi: seen.extend(range(lo, hi)), 10, 3)
+    cpu_threads.on_threads(lambda lo, hi: seen.extend(range(lo, hi)), 10, 3)
     assert sorted(seen) == list(range(10))
     seen.clear()
-    cpu_numba.on_threads(lambda lo, hi: seen.extend(range(lo, hi)), 2, 4)  # fewer indices than threads
+    cpu_threads.on_threads(lambda lo, hi: seen.extend(range(lo, hi)), 2, 4)  # fewer indices than threads
     assert sorted(seen) == [0, 1]
 
     def fail_late(lo, hi):
@@ -345,7 +348,7 @@ def test_on_threads_covers_every_index_once_and_raises_a_part_s_error():
 
     seen.clear()
     with pytest.raises(ValueError, match="last part"):
-        cpu_numba.on_threads(fail_late, 10, 2)
+        cpu_threads.on_threads(fail_late, 10, 2)
     assert seen == [0]  # the other part still ran to its end
 
 
@@ -402,7 +405,7 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
     the float64 reference for every block size, with checkpoints for the backward taken per block."""
     import numba
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_prefill
 
     q, k, v, kw = make(rule, gate, B=2, T=29, Hq=1, group=3, Dk=D, Dv=D + 1)
     args = dict(kw, normalize=normalize, initial_state=initial(2, 3, D, D + 1, normalize))
@@ -410,7 +413,7 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
     threads = (1, 2) if numba.config.NUMBA_NUM_THREADS >= 2 else (1,)
     before = torch.get_num_threads()
     seen = []
-    real = cpu_numba.prefill
+    real = cpu_prefill.prefill
     for n_threads in threads:
         monkeypatch.setattr(policy, "PREFILL_SPLIT_MIN_WORK", 0)
         torch.set_num_threads(n_threads)
@@ -420,7 +423,7 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
                     seen.append(c)  # the kernel was reached with this block size
                     return real(*a, **dict(kw_, cols=c))
 
-                monkeypatch.setattr(cpu_numba, "prefill", forced)
+                monkeypatch.setattr(cpu_prefill, "prefill", forced)
                 o, S = linattn.linear_attention(q, k, v, backend="cpu", output_final_state=True, **args)
                 check(o, S, ref, 2e-4)
         finally:
@@ -428,24 +431,37 @@ def test_prefill_column_blocks_and_threads_agree(monkeypatch, rule, gate, normal
     assert len(seen) == 5 * len(threads)
 
 
-def test_prefill_cols_spreads_few_heads_and_keeps_many_whole():
-    from linattn.kernels import cpu_numba
+def test_loop_threads_counts_the_prefill_s_value_blocks_and_the_backward_s_pairs(monkeypatch):
+    """One sizing for the prefill, its autograd forward and its backward: the work is tokens x H x Dk x Dw state
+    entries; the units are (sequence, head) pairs, cut into blocks of 32 value rows for the prefill only."""
+    monkeypatch.setattr(cpu_backend, "available_threads", lambda: 2)
+    monkeypatch.setattr(policy, "PREFILL_SPLIT_MIN_WORK", 4096 * 64 * 65)
+    assert cpu_backend.loop_threads(4096, 1, 1, 64, 65, value_rows=64) == 2  # one head, two blocks of 32 rows
+    assert cpu_backend.loop_threads(4096, 1, 1, 64, 65) == 1  # the backward: one pair
+    assert cpu_backend.loop_threads(4096, 1, 1, 64, 65, value_rows=31) == 1  # under 32 rows: one block
+    assert cpu_backend.loop_threads(4095, 2, 1, 64, 65) == 1  # below the work threshold
+    assert cpu_backend.loop_threads(4096, 2, 1, 64, 65) == 2
+    assert cpu_backend.loop_threads(2048, 1, 2, 64, 65) == 2  # two heads of one sequence
 
-    assert cpu_numba.prefill_cols(8, 64, 1) == 64 and cpu_numba.prefill_cols(8, 64, 2) == 64
-    assert cpu_numba.prefill_cols(32, 128, 2) == 128
-    assert cpu_numba.prefill_cols(1, 128, 2) == 32 and cpu_numba.prefill_cols(2, 64, 2) == 32
-    assert cpu_numba.prefill_cols(1, 7, 2) == 7
+
+def test_prefill_cols_spreads_few_heads_and_keeps_many_whole():
+    from linattn.kernels import cpu_prefill
+
+    assert cpu_prefill.prefill_cols(8, 64, 1) == 64 and cpu_prefill.prefill_cols(8, 64, 2) == 64
+    assert cpu_prefill.prefill_cols(32, 128, 2) == 128
+    assert cpu_prefill.prefill_cols(1, 128, 2) == 32 and cpu_prefill.prefill_cols(2, 64, 2) == 32
+    assert cpu_prefill.prefill_cols(1, 7, 2) == 7
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_auto_takes_the_compiled_loop_for_every_rule_at_any_thread_count(monkeypatch, threads):
     """"auto" runs the compiled prefill for every rule in the forms the policy names (measured faster than the
     torch chunk form at 1 and 2 threads), and the torch form for a form asked for by name; both right."""
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_prefill
 
     ran = []
-    real = cpu_numba.prefill
-    monkeypatch.setattr(cpu_numba, "prefill", lambda *a, **kw: ran.append(1) or real(*a, **kw))
+    real = cpu_prefill.prefill
+    monkeypatch.setattr(cpu_prefill, "prefill", lambda *a, **kw: ran.append(1) or real(*a, **kw))
     monkeypatch.setattr(cpu_backend, "available_threads", lambda: threads)
     for rule, gate in (("accumulate", None), ("gated", "head"), ("delta", None), ("gated_delta", "channel")):
         q, k, v, kw = make(rule, gate, B=2, T=19, Hq=2, group=2, Dk=5, Dv=4)
@@ -467,8 +483,9 @@ def test_prefill_feature_maps_inside_the_kernel(rule, gate, normalize, Dk, Dv, g
     """feature_map "l2", "elu1" or "relu1" is applied by the kernel as it loads each row of q and k (no mapped
     copy): equal to the float64 reference on raw q and k, unpacked and packed, with gates near 0, 1 and at -inf."""
     seen = []
-    real = cpu_backend._numba.prefill if cpu_backend.load() else None
-    monkeypatch.setattr(cpu_backend._numba, "prefill", lambda *a, **kw: seen.append(kw.get("fmap")) or real(*a, **kw))
+    module = cpu_backend.kernel("cpu_prefill")
+    real = module.prefill
+    monkeypatch.setattr(module, "prefill", lambda *a, **kw: seen.append(kw.get("fmap")) or real(*a, **kw))
     q, k, v, kw = make(rule, gate, Hq=2, group=group, T=41, Dk=Dk, Dv=Dv)
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(q.shape, generator=gen) * 3, torch.randn(k.shape, generator=gen)  # raw: not unit rows
@@ -524,8 +541,9 @@ def test_prefill_reads_bfloat16_in_place(rule, gate, normalize, feature_map, Dk,
     their bits, widened as they are loaded: the same output and state, bit for bit, as the float32 call on the
     widened inputs, unpacked and packed; a map the kernel does not compute (a callable) still widens first."""
     seen = []
-    real = cpu_backend._numba.prefill if cpu_backend.load() else None
-    monkeypatch.setattr(cpu_backend._numba, "prefill", lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw))
+    module = cpu_backend.kernel("cpu_prefill")
+    real = module.prefill
+    monkeypatch.setattr(module, "prefill", lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw))
     q, k, v, kw = make(rule, gate, Hq=2, group=group, T=41, Dk=Dk, Dv=Dv, dtype=torch.bfloat16)
     if feature_map == "elu1" and "beta" in kw:  # features of norm ~sqrt(Dk): a delta write stays a contraction
         kw["beta"] = kw["beta"] / Dk
@@ -564,12 +582,12 @@ def test_prefill_bfloat16_keeps_nan_and_inf_in_their_rows():
 
 
 def test_prefill_kernel_refuses_mixed_input_dtypes():
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_prefill
 
     x = np.zeros((3, 1, 4), np.float32)
     ST = np.zeros((1, 1, 4, 4), np.float32)
     with pytest.raises(ValueError, match="q, k, v must all be float32 or all int16"):
-        cpu_numba.prefill(x, x, x.astype(np.int16), None, None, np.array([0, 3]), ST, x.copy(), scale=1.0, eps=0.0,
+        cpu_prefill.prefill(x, x, x.astype(np.int16), None, None, np.array([0, 3]), ST, x.copy(), scale=1.0, eps=0.0,
                           clamp=False, normalize=False)
 
 
@@ -578,10 +596,10 @@ def test_on_threads_works_in_a_forked_child():
     """A child forked after the pool started has none of its threads: it makes its own instead of waiting forever."""
     import os
 
-    from linattn.kernels import cpu_numba
+    from linattn.kernels import cpu_threads
 
     seen = []
-    cpu_numba.on_threads(lambda lo, hi: seen.append(hi - lo), 4, 2)  # the parent's pool exists now
+    cpu_threads.on_threads(lambda lo, hi: seen.append(hi - lo), 4, 2)  # the parent's pool exists now
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 only if both parts ran (and SIGALRM instead of waiting forever)
         import signal
@@ -589,7 +607,7 @@ def test_on_threads_works_in_a_forked_child():
         signal.alarm(20)
         got = []
         try:
-            cpu_numba.on_threads(lambda lo, hi: got.append(hi - lo), 4, 2)
+            cpu_threads.on_threads(lambda lo, hi: got.append(hi - lo), 4, 2)
         finally:
             os._exit(0 if sorted(got) == [2, 2] else 1)
     _, status = os.waitpid(pid, 0)

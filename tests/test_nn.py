@@ -222,8 +222,9 @@ def test_backend_reaches_every_linattn_call(rule, monkeypatch):
     # The keyword reaches the call: with parameters that require grad, "cpu" runs the compiled prefill and its
     # backward, "torch" never enters the compiled module.
     calls = []
-    real = cpu_backend.load().prefill
-    monkeypatch.setattr(cpu_backend.load(), "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = cpu_backend.kernel("cpu_prefill")
+    real = module.prefill
+    monkeypatch.setattr(module, "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for backend, expected in (("torch", 0), ("cpu", 1)):
         calls.clear()
         lnn.LinearAttention(24, 2, 8, rule=rule, backend=backend)(x)[0].sum().backward()

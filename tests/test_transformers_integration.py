@@ -114,8 +114,9 @@ def test_backend_reaches_every_call(monkeypatch):
     # Grouped value heads too; a spy on the compiled prefill shows the forced backend reached the call.
     grouped = make_model(value_heads=4)
     calls, outs = [], {}
-    real = cpu_backend.load().prefill
-    monkeypatch.setattr(cpu_backend.load(), "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = cpu_backend.kernel("cpu_prefill")
+    real = module.prefill
+    monkeypatch.setattr(module, "prefill", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     for backend in ("torch", "cpu"):
         calls.clear()
         with lt.patch_qwen3_next(backend=backend):

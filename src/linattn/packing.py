@@ -21,7 +21,7 @@ is the padding and the smaller, wider batches. Chunk-aligned packing in one row 
 multiple of the chunk, cost at most T + N*C in one call) needs the chunk carry to restart at each sequence start,
 a change in every kernel; that is left for a fused backend.
 
-On the CPU with a float32 state, the compiled prefill (`linattn.kernels.cpu_numba`) takes the packed tokens
+On the CPU with a float32 state, the compiled prefill (`linattn.kernels.cpu_prefill`) takes the packed tokens
 as they lie instead: one state per sequence, no padding, no segments (``backend="auto"`` or ``"cpu"``; see
 docs/perf.md). What follows describes the torch path.
 

@@ -48,7 +48,7 @@ def decode_kernel(backend: str):
     ``linattn.step`` asks this first and proves the rest (shapes, layouts, the state's record) itself; any call
     that is not the plain case runs through [`step`][linattn.step] below."""
     if (backend == "cpu" or (backend == "auto" and "step" in policy.AUTO_FORMS)) and not functorch_active():
-        return cpu.decode_module()
+        return cpu.kernel("cpu_decode")
     return None
 
 
@@ -71,14 +71,15 @@ def _forced(backend: str, why: str) -> ValueError:
     return ValueError(f"backend={backend!r} cannot run this call: {why}; use backend='auto' or 'torch'")
 
 
-def _cpu_plan(backend: str, refusal: str | None, auto_why: str | None, module: str = "cpu_numba") -> Plan:
-    """The numba kernel ``module``, or the torch forms and why. ``refusal``: what the kernel cannot take (an error
-    when forced); ``auto_why``: the policy's reason to keep the torch forms under "auto" (None: no objection)."""
+def _cpu_plan(backend: str, refusal: str | None, auto_why: str | None, modules: tuple[str, ...]) -> Plan:
+    """The numba kernel modules ``modules`` (each one the call runs), or the torch forms and why. ``refusal``:
+    what the kernel cannot take (an error when forced); ``auto_why``: the policy's reason to keep the torch forms
+    under "auto" (None: no objection)."""
     if backend == "cpu" and refusal is not None:
         raise _forced(backend, refusal)
     if backend == "auto" and (refusal is not None or auto_why is not None):
         return Plan(None, refusal or auto_why)
-    if cpu.kernel(module) is None:
+    if any(cpu.kernel(m) is None for m in modules):
         return Plan(None, "numba is unavailable")
     return Plan("cpu", "the numba kernels take the call")
 
@@ -95,7 +96,7 @@ def _device_plan(backend: str, rule: str, tensors: tuple, state: torch.Tensor, g
     if tensors[0].is_cuda:
         return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
     if functorch_active():
-        return _cpu_plan(backend, TRANSFORM_REFUSAL, None)
+        return _cpu_plan(backend, TRANSFORM_REFUSAL, None, ())  # refused: no kernel to load
     return None
 
 
@@ -120,7 +121,7 @@ def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torc
         per_channel = g is not None and g.dim() == 4 and g.shape[-1] > 1
         if not policy.compiled_backward(rule, per_channel, B, T, v.shape[-2], cpu.available_threads()):
             auto_why = "the torch form's backward was measured faster for this rule and size"
-    return _cpu_plan(backend, refusal, auto_why)
+    return _cpu_plan(backend, refusal, auto_why, ("cpu_prefill", "cpu_backward") if grad else ("cpu_prefill",))
 
 
 def linear_attention(
@@ -163,7 +164,7 @@ def plan_step(backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: t
         return plan
     refusal = cpu.refusal(rule, (q, k, v, g, beta), state, grad, extra)
     auto_why = None if "step" in policy.AUTO_FORMS else "the step's torch form is asked for"
-    return _cpu_plan(backend, refusal, auto_why)
+    return _cpu_plan(backend, refusal, auto_why, ("cpu_loop",))
 
 
 def step(
@@ -193,4 +194,4 @@ def plan_conv(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     if backend in ("torch", "triton"):
         return Plan(None, f"backend={backend!r} runs the torch form of the convolution")
     refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, update)
-    return _cpu_plan(backend, refusal, None, module="cpu_conv")
+    return _cpu_plan(backend, refusal, None, ("cpu_conv",))

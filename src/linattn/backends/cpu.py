@@ -1,6 +1,7 @@
 """The compiled CPU backend (``backend="cpu"``, and ``"auto"`` where it was measured faster): the glue between
-the dispatch (`linattn.backends`) and the numba kernels in `linattn.kernels.cpu_numba` (prefill, its
-backward, the general step) and `linattn.kernels.cpu_decode` (the one-call decode step).
+the dispatch (`linattn.backends`) and the numba kernels: `linattn.kernels.cpu_prefill` (the prefill),
+`linattn.kernels.cpu_backward` (its backward), `linattn.kernels.cpu_loop` (the general step) and
+`linattn.kernels.cpu_decode` (the one-call decode step).
 
 It runs from a float32 state on CPU tensors (float32, bfloat16 or float16 inputs; the prefill reads bfloat16 in
 place when no feature map runs in torch first, anything else is converted once), with grouped
@@ -31,7 +32,6 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # widened to floa
 # segment's states into a buffer of CHECKPOINT_EVERY x Dk x Dw per head (512 KiB at D = 64: it stays in L2).
 CHECKPOINT_EVERY = 32
 
-_numba = None
 _failed: str | None = None
 _modules: dict[str, object] = {}
 
@@ -49,30 +49,19 @@ def _prepare_numba() -> None:
 
 
 def kernel(name: str):
-    """The compiled CPU kernel module ``linattn.kernels.<name>`` (``cpu_numba``, ``cpu_decode``, ``cpu_conv``), or
-    None (after one warning per process) when numba cannot load; every kernel module is loaded here."""
-    global _failed, _numba
+    """The compiled CPU kernel module ``linattn.kernels.<name>`` (``cpu_prefill``, ``cpu_backward``, ``cpu_loop``,
+    ``cpu_decode``, ``cpu_conv``), or None (after one warning per process) when numba cannot load; every kernel
+    module is loaded here."""
+    global _failed
     if name not in _modules and _failed is None:
         try:
             _prepare_numba()
             _modules[name] = importlib.import_module(f"linattn.kernels.{name}")
-            if name == "cpu_numba":
-                _numba = _modules[name]  # the glue below calls its kernels
         except Exception as exc:  # ImportError, or a numba/llvmlite that fails to initialize
             _failed = f"{type(exc).__name__}: {exc}"
             warnings.warn(f"linattn: compiled CPU kernels unavailable ({_failed}); using the torch forms",
                           RuntimeWarning, stacklevel=5)
     return _modules.get(name)
-
-
-def load():
-    """The numba token loops (`linattn.kernels.cpu_numba`), or None when numba cannot load."""
-    return _numba if _numba is not None else kernel("cpu_numba")
-
-
-def decode_module():
-    """`linattn.kernels.cpu_decode`, or None when numba cannot load."""
-    return kernel("cpu_decode") if load() is not None else None
 
 
 def available_threads() -> int:
@@ -82,9 +71,13 @@ def available_threads() -> int:
     return min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
 
 
-def loop_threads(work: int, pairs: int) -> int:
-    """Threads for a compiled token loop over ``work`` state entries in ``pairs`` units (the policy's rule)."""
-    return policy.loop_threads(work, pairs, available_threads())
+def loop_threads(tokens: int, seqs: int, H: int, Dk: int, Dw: int, value_rows: int | None = None) -> int:
+    """Threads for a compiled prefill or backward over ``tokens`` tokens of ``seqs`` sequences with ``H`` heads of
+    [Dk, Dw] state (the policy's rule): the work is the state entries swept, the units the (sequence, head) pairs,
+    each cut into blocks of 32 of its ``value_rows`` (the prefill: its smallest units,
+    `linattn.kernels.cpu_prefill.prefill_cols`; None: the backward, whose units are whole pairs)."""
+    pairs = seqs * H * (1 if value_rows is None else max(1, value_rows // 32))
+    return policy.loop_threads(tokens * H * Dk * Dw, pairs, available_threads())
 
 
 def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: dict | None = None) -> str | None:
@@ -174,10 +167,11 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
     ST = to_kernel_layout(state)  # the prefill kernel's layout (a copy: state is not ours)
     o = buffers.empty((B * T, H, Dv))
     view = bf16_bits if raw else f32
-    threads = loop_threads(B * T * H * ST.shape[-2] * Dk, (len(cu) - 1) * H * max(1, Dv // 32))
-    _numba.prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)), f32(g, (*flat, -1)),
-                   f32(beta, flat), cu, buffers.array(ST), buffers.array(o), scale=scale, eps=float(eps),
-                   clamp=eps_mode == "clamp", normalize=normalize, fmap=in_kernel, threads=threads)
+    threads = loop_threads(B * T, len(cu) - 1, H, Dk, ST.shape[-2], value_rows=Dv)
+    kernel("cpu_prefill").prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)),
+                                  f32(g, (*flat, -1)), f32(beta, flat), cu, buffers.array(ST), buffers.array(o),
+                                  scale=scale, eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize,
+                                  fmap=in_kernel, threads=threads)
     o = o.view(B, T, H, Dv)
     if v.dtype != torch.float32:
         o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)
@@ -208,7 +202,7 @@ def with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode
 
 
 class CompiledPrefill(torch.autograd.Function):
-    """The compiled token loop with a compiled backward (`linattn.kernels.cpu_numba.backward`).
+    """The compiled prefill with a compiled backward (`linattn.kernels.cpu_backward`).
 
     Inputs: float32 ``q, k [T, H, Dk]`` (already at the value heads), ``v [T, H, Dw]``, ``g [T, H, 1 or Dk]`` or
     None, ``beta [T, H]`` or None, ``S0 [N, H, Dk, Dw]``, then ``cu`` (int64 NumPy), the scale and the checkpoint
@@ -221,9 +215,10 @@ class CompiledPrefill(torch.autograd.Function):
         ST = to_kernel_layout(S0)
         o = buffers.empty(tuple(v.shape))
         T, H, Dw = v.shape
-        threads = loop_threads(T * H * Dw * q.shape[-1], (len(cu) - 1) * H * max(1, Dw // 32))
-        ckpt = _numba.prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, buffers.array(ST), buffers.array(o),
-                              scale=scale, eps=0.0, clamp=False, normalize=False, every=every, threads=threads)
+        threads = loop_threads(T, len(cu) - 1, H, q.shape[-1], Dw, value_rows=Dw)
+        ckpt = kernel("cpu_prefill").prefill(f32(q), f32(k), f32(v), f32(g), f32(beta), cu, buffers.array(ST),
+                                             buffers.array(o), scale=scale, eps=0.0, clamp=False, normalize=False,
+                                             every=every, threads=threads)
         ctx.save_for_backward(q, k, v, g, beta, S0)
         ctx.ckpt, ctx.cu, ctx.scale, ctx.every, ctx.S0_dtype = ckpt, cu, scale, every, S0.dtype
         return o, from_kernel_layout(ST).contiguous()
@@ -238,15 +233,16 @@ class CompiledPrefill(torch.autograd.Function):
         dST = (torch.zeros(N, H, Dw, Dk) if grad_S is None
                else to_kernel_layout(grad_S.resolve_neg()))
         do = torch.zeros(v.shape) if grad_o is None else grad_o.resolve_neg().to(torch.float32).contiguous()
-        threads = loop_threads(q.shape[0] * H * Dw * Dk, N * H)
+        threads = loop_threads(q.shape[0], N, H, Dk, Dw)
         # torch's own tensors, written through views: the gradients stay resizable (torch.from_numpy's are not)
         dq, dk, dv = (buffers.empty(tuple(x.shape)) for x in (q, k, v))
         dg = None if g is None else torch.empty(g.shape, dtype=torch.float32)
         dbeta = None if beta is None else torch.empty(beta.shape, dtype=torch.float32)
         view = buffers.array
-        _numba.backward(f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, view(dST), view(do), view(dq),
-                        view(dk), view(dv), None if dg is None else view(dg), None if dbeta is None else view(dbeta),
-                        scale=ctx.scale, every=ctx.every, threads=threads)
+        kernel("cpu_backward").backward(f32(q), f32(k), f32(v), f32(g), f32(beta), ctx.cu, ctx.ckpt, view(dST),
+                                        view(do), view(dq), view(dk), view(dv), None if dg is None else view(dg),
+                                        None if dbeta is None else view(dbeta), scale=ctx.scale, every=ctx.every,
+                                        threads=threads)
         return dq, dk, dv, dg, dbeta, from_kernel_layout(dST).to(ctx.S0_dtype), None, None, None
 
 
@@ -312,10 +308,10 @@ def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backe
     o = torch.empty(B, H, Dv, dtype=torch.float32)
     # One token is a sequence of length 1: [B, H, ...] -> [B, 1, H, ...] views.
     # One thread: the token loop's decode step runs serially (linattn.backends.policy.DECODE_SPLIT_MIN_ENTRIES).
-    _numba.run(f32(q, (B, 1, H, Dk)), f32(k, (B, 1, H, Dk)), f32(v, (B, 1, H, Dv)),
-               f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), f32(beta, (B, 1, H)),
-               buffers.array(state), buffers.array(o).reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
-               clamp=eps_mode == "clamp", normalize=normalize)
+    kernel("cpu_loop").run(f32(q, (B, 1, H, Dk)), f32(k, (B, 1, H, Dk)), f32(v, (B, 1, H, Dv)),
+                           f32(g, (B, 1, H, -1 if g is None or g.dim() == 3 else 1)), f32(beta, (B, 1, H)),
+                           buffers.array(state), buffers.array(o).reshape(B, 1, H, Dv), scale=1.0, eps=float(eps),
+                           clamp=eps_mode == "clamp", normalize=normalize)
     if inplace:
         torch.autograd.graph.increment_version(state)  # written through NumPy: autograd must know
     return o.to(v.dtype), state

@@ -31,7 +31,7 @@ import numba
 import numpy as np
 from numba import types
 
-from linattn.kernels import cpu_numba
+from linattn.kernels import cpu_threads
 
 # FEATURE_CODES: the codes decode.py asks this module for
 from linattn.kernels.cpu_intrinsics import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
@@ -296,7 +296,7 @@ def decode_split(threads: int, *args) -> int:
         if res != OK:
             status[0] = res
 
-    cpu_numba.on_threads(part, count, min(threads, count, numba.config.NUMBA_NUM_THREADS))
+    cpu_threads.on_threads(part, count, min(threads, count, numba.config.NUMBA_NUM_THREADS))
     return status[0]
 
 

@@ -1,5 +1,7 @@
 """What the CPU kernels share, compiled into each of them (inlined): raw-pointer arrays and prefetch (LLVM
-intrinsics), bfloat16 bits widened to float32, a float32 exp, and the feature maps applied inside the kernels.
+intrinsics), bfloat16 bits widened to float32, a float32 exp, and the feature maps applied inside the kernels; and
+one Python helper: where the prefill's state checkpoints lie (`checkpoint_starts`: the prefill writes them there,
+its backward reads them).
 
 numba's disk cache checks only a cached function's own file: after editing this one, delete the kernels' caches
 (``__pycache__/*.nbi`` beside them) or they keep the old inlined code.
@@ -135,3 +137,11 @@ PREFETCH_AHEAD = 6
 
 exp32_jit = numba.njit(**_INLINE)(exp32)
 features_jit = numba.njit(**_INLINE)(features)
+
+
+def checkpoint_starts(cu: np.ndarray, every: int) -> tuple[np.ndarray, int]:
+    """Index of each sequence's first checkpoint (one every ``every`` tokens) and the number of checkpoints."""
+    counts = (np.diff(cu) + every - 1) // every
+    starts = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    return starts, int(counts.sum())
