@@ -6,6 +6,12 @@ linattn on the same inputs (copied once into ggml's tensors), interleaved, media
 as many for a decode step), at each of ``--threads`` (``n_threads`` of ``ggml_graph_compute_with_ctx`` for ggml,
 ``torch.set_num_threads`` and ``numba.set_num_threads`` for linattn). B = 1, float32.
 
+ggml's ``libgomp.so.1`` resolves to the copy torch loaded first (the same soname): one OpenMP runtime serves both.
+libgomp's idle threads spin by default; on a machine where other processes hold a core, ggml's 2-thread graph then
+waits tens of milliseconds at its barriers (a decode step measured 30-50 ms against 0.06-0.2 ms with
+``OMP_WAIT_POLICY=PASSIVE``). The variable is read when libgomp loads: set it before Python starts; the JSON
+records it, and ``--gap-ms`` of idle time before each timed run lets the other side's spinning threads sleep.
+
 Rows:
 
 * Mamba-2 prefill (``--T`` tokens) and one decode step at Mamba-2-2.7B's layer (80 heads of dim 64, state 128,
@@ -324,6 +330,16 @@ def processor() -> str:
     return platform.processor() or platform.machine()
 
 
+def vector_isa() -> str:
+    """The widest x86 vector extensions the processor reports (ggml is built with -march=native)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return platform.machine()
+    names = set(flags.split(":", 1)[1].split())
+    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16") if f in names) or platform.machine()
+
+
 def ggml_version(g, folder: str) -> str:
     """ggml's own version string, with the build script's note (sdist and synced llama.cpp commit) if found."""
     text = g.ggml_version().decode()
@@ -402,7 +418,7 @@ def main() -> None:
         for make in families:
             run_family(make, args.threads, args.repeats, args.gap_ms / 1e3, record)
     doc = {"tool": "scripts/ggml_bench.py", "T": args.T, "B": 1, "dtype": "float32", "repeats": args.repeats,
-           "threads": args.threads, "processor": processor(), "cpu_count": os.cpu_count(),
+           "threads": args.threads, "processor": processor(), "isa": vector_isa(), "cpu_count": os.cpu_count(),
            "ggml": ggml_version(g, args.lib), "torch": torch.__version__, "numba": numba.__version__,
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gap_ms": args.gap_ms,
            "seconds": round(time.perf_counter() - start, 1),
@@ -419,7 +435,8 @@ def main() -> None:
 
 def table(doc) -> str:
     lines = [f"ggml's CPU ops (ggml {doc['ggml']}) against linattn's, {doc['processor']} ({doc['cpu_count']} "
-             f"cores), float32, B = 1, medians of interleaved runs (runs per row in the JSON); time / ggml's time "
+             f"cores; {doc['isa']}), OMP_WAIT_POLICY={doc['omp_wait_policy'] or 'unset'}, float32, B = 1, "
+             "medians of interleaved runs (runs per row in the JSON); time / ggml's time "
              "in parentheses (above 1: slower than ggml); load average (1 min) per row.", "",
              "| family | what | threads | ggml | linattn | HF adapter on linattn | max rel. diff (linattn; adapter) "
              "| load |", "|---|---|---|---|---|---|---|---|"]
