@@ -24,7 +24,8 @@ Rows:
 
 ggml's graph per row is the op plus a ``ggml_cpy`` of its new state back into the state tensor, as llama.cpp's
 layers build it; a prefill starts each run from a zero state (reset outside the timing), a decode step updates
-the state in place run after run, on both sides.
+the state in place run after run, on both sides. A decode row also times the op alone (``ggml op alone``: the
+same inputs and state every run, the new state left in the op's output), to separate the kernel from the copy.
 
 Layouts (ggml lists dims fastest first, ``ne = {ne0, ne1, ...}``; torch's shapes are slowest first):
 
@@ -146,15 +147,18 @@ class Graph:
         return torch.from_numpy(np.ctypeslib.as_array(buf)).view(shape)
 
     def build(self, result, state, n_out: int):
-        """The graph: ``result`` (outputs, then the new state from element ``n_out``) and its state copied into
-        ``state``."""
+        """Two graphs: ``result`` (outputs, then the new state from element ``n_out``) with its state copied into
+        ``state`` (llama.cpp's), and the op alone."""
         n_state = self.g.ggml_nbytes(state) // 4
         new_state = self.g.ggml_view_1d(self.ctx, result, n_state, n_out * 4)
         self.graph = self.g.ggml_new_graph(self.ctx)
         self.g.ggml_build_forward_expand(self.graph, self.g.ggml_cpy(self.ctx, new_state, state))
+        self.graph_op = self.g.ggml_new_graph(self.ctx)
+        self.g.ggml_build_forward_expand(self.graph_op, result)
 
-    def compute(self, threads: int) -> None:
-        if self.cpu.ggml_graph_compute_with_ctx(self.ctx, self.graph, threads) != 0:
+    def compute(self, threads: int, op_alone: bool = False) -> None:
+        graph = self.graph_op if op_alone else self.graph
+        if self.cpu.ggml_graph_compute_with_ctx(self.ctx, graph, threads) != 0:
             raise RuntimeError("ggml_graph_compute_with_ctx failed")
 
     def close(self) -> None:
@@ -361,17 +365,22 @@ def run_family(make, threads_list, repeats, gap_s, record):
             for case, n, d, da in ((prefill, repeats, diff, diff_ad), (step, 20 * repeats, None, None)):
                 if d is None:
                     d, da = case["check"](threads, S0)
-                fns = [lambda c=case, t=threads: c["ggml"](t), case["linattn"]]
+                fns = {"ggml": lambda c=case, t=threads: c["ggml"](t), "linattn": case["linattn"]}
                 setups = [case["setup"], None]
                 if case["adapter"] is not None:
-                    fns.append(case["adapter"])
+                    fns["adapter"] = case["adapter"]
                     setups.append(None)
-                ms = timed_medians_ms(fns, n, setups, gap_s)
-                record({"family": case["family"], "what": case["what"], "threads": threads, "ggml_ms": ms[0],
-                        "linattn_ms": ms[1], "linattn_vs_ggml": ms[1] / ms[0],
-                        "adapter_ms": ms[2] if len(ms) > 2 else None,
-                        "adapter_vs_ggml": ms[2] / ms[0] if len(ms) > 2 else None,
-                        "max_rel_diff": d, "adapter_max_rel_diff": da, "repeats": n})
+                if case is step:  # the op without llama.cpp's copy of the new state back (a prefill's is one copy)
+                    fns["ggml_op"] = lambda c=case, t=threads: c["ggml"](t, op_alone=True)
+                    setups.append(None)
+                ms = dict(zip(fns, timed_medians_ms(list(fns.values()), n, setups, gap_s), strict=True))
+                row = {"family": case["family"], "what": case["what"], "threads": threads, "repeats": n,
+                       "max_rel_diff": d, "adapter_max_rel_diff": da}
+                for name in ("ggml", "ggml_op", "linattn", "adapter"):
+                    row[f"{name}_ms"] = ms.get(name)
+                    if name != "ggml":
+                        row[f"{name}_vs_ggml"] = ms[name] / ms["ggml"] if name in ms else None
+                record(row)
     finally:
         gp.close()
         gd.close()
@@ -400,6 +409,7 @@ def main() -> None:
         row["load_1min"] = round(os.getloadavg()[0], 2)
         rows.append(row)
         ad = f"adapter {row['adapter_ms']:9.3f} ({row['adapter_vs_ggml']:5.2f}x) " if row["adapter_ms"] else ""
+        ad += f"ggml op alone {row['ggml_op_ms']:9.3f} " if row["ggml_op_ms"] else ""
         print(f"{row['threads']}t {row['family']:28s} {row['what']:14s} ggml {row['ggml_ms']:9.3f} ms  linattn "
               f"{row['linattn_ms']:9.3f} ({row['linattn_vs_ggml']:5.2f}x) {ad} rel diff {row['max_rel_diff']:.1e}"
               f"  load {row['load_1min']}", flush=True)
@@ -438,17 +448,18 @@ def table(doc) -> str:
              f"cores; {doc['isa']}), OMP_WAIT_POLICY={doc['omp_wait_policy'] or 'unset'}, float32, B = 1, "
              "medians of interleaved runs (runs per row in the JSON); time / ggml's time "
              "in parentheses (above 1: slower than ggml); load average (1 min) per row.", "",
-             "| family | what | threads | ggml | linattn | HF adapter on linattn | max rel. diff (linattn; adapter) "
-             "| load |", "|---|---|---|---|---|---|---|---|"]
+             "| family | what | threads | ggml | ggml op alone | linattn | HF adapter on linattn "
+             "| max rel. diff (linattn; adapter) | load |", "|---|---|---|---|---|---|---|---|---|"]
 
     def ms(t):
         return f"{t * 1e3:,.1f} µs" if t < 1 else f"{t:,.1f} ms"
 
     for r in doc["rows"]:
-        ad = "-" if r["adapter_ms"] is None else f"{ms(r['adapter_ms'])} ({r['adapter_vs_ggml']:.2f}x)"
+        ad, op = ("-" if r[f"{n}_ms"] is None else f"{ms(r[f'{n}_ms'])} ({r[f'{n}_vs_ggml']:.2f}x)"
+                  for n in ("adapter", "ggml_op"))
         diff = f"{r['max_rel_diff']:.1e}" + ("" if r["adapter_max_rel_diff"] is None
                                              else f"; {r['adapter_max_rel_diff']:.1e}")
-        lines.append(f"| {r['family']} | {r['what']} | {r['threads']} | {ms(r['ggml_ms'])} | "
+        lines.append(f"| {r['family']} | {r['what']} | {r['threads']} | {ms(r['ggml_ms'])} | {op} | "
                      f"{ms(r['linattn_ms'])} ({r['linattn_vs_ggml']:.2f}x) | {ad} | {diff} | {r['load_1min']} |")
     return "\n".join(lines) + "\n"
 
