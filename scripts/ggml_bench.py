@@ -8,7 +8,7 @@ as many for a decode step), at each of ``--threads`` (``n_threads`` of ``ggml_gr
 
 ggml's ``libgomp.so.1`` resolves to the copy torch loaded first (the same soname): one OpenMP runtime serves both.
 libgomp's idle threads spin by default; on a machine where other processes hold a core, ggml's 2-thread graph then
-waits tens of milliseconds at its barriers (a decode step took 22-48 ms at 2 threads against well under 1 ms
+waits tens of milliseconds at its barriers (a decode step took 17-48 ms at 2 threads against well under 1 ms
 with ``OMP_WAIT_POLICY=PASSIVE``). The variable is read when libgomp loads: set it before Python starts; the JSON
 records it, and ``--gap-ms`` of idle time before each timed run lets the other side's spinning threads sleep.
 
