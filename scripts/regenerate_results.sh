@@ -42,6 +42,12 @@ python scripts/compiled_backward_cost.py --threads 1 --T 8192 --repeats 5 --vari
 mv "$R/compiled_backward_gated_cpu.txt.tmp" "$R/compiled_backward_gated_cpu.txt"
 python scripts/train_step_ab.py --threads 1 --rounds 9 --overwrite --output "$R/train_step_ab_gated_cpu.txt"
 python scripts/omp_wait_ab.py --rounds 4 --overwrite --output "$R/omp_wait_ab_cpu.txt"
+# Against llama.cpp's ggml CPU ops (docs/performance.md), when its library is built (scripts/ggml_build.sh DIR,
+# then GGML_LIB_DIR=DIR/build/src); skipped otherwise:
+if [[ -n "${GGML_LIB_DIR:-}" ]]; then
+  OMP_WAIT_POLICY=PASSIVE python scripts/ggml_bench.py --lib "$GGML_LIB_DIR" --overwrite \
+    --out "$R/ggml_side_by_side_cpu.json"
+fi
 # MQAR: why the sweep's attention has a convolution and length 256 a mixture; Gated DeltaNet's decay at init.
 OMP_NUM_THREADS=1 python scripts/mqar_ablation.py --overwrite --output "$R/mqar_ablation_cpu.txt"
 # MQAR: the grid in stages (training takes 10-60 minutes; see the script), then the latency pass alone.
