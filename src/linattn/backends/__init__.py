@@ -232,11 +232,12 @@ def step(
 
 
 def plan_conv(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
-              update: bool = False) -> Plan:
-    """Which path runs the short causal convolution of ``x`` (``update``: one decode token into a rolling window,
-    outside autograd). The Triton backend has no convolution: under ``"triton"`` the torch form runs (on CUDA too);
-    a forced ``"cpu"`` that cannot take the call raises a ``ValueError`` naming the reason."""
+              window: torch.Tensor | None = None) -> Plan:
+    """Which path runs the short causal convolution of ``x`` (with ``window``: one decode token ``x`` into that
+    rolling window, in place, outside autograd). The Triton backend has no convolution: under ``"triton"`` the torch
+    form runs (on CUDA too); a forced ``"cpu"`` that cannot take the call raises a ``ValueError`` naming the
+    reason."""
     if backend in ("torch", "triton"):
         return Plan(None, f"backend={backend!r} runs the torch form of the convolution", backend=backend)
-    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, update)
+    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, window)
     return _cpu_plan(backend, refusal, None, module="cpu_conv")

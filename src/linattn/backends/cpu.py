@@ -108,11 +108,14 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
     return None
 
 
-def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, update: bool) -> str | None:
-    """Why the compiled convolution cannot take this call, or None: CPU tensors of one dtype, float32 (and float64
-    for the one-token update, which has no backward: outside autograd)."""
-    tensors = [t for t in (x, weight, bias) if t is not None]
-    if any(t.device.type != "cpu" for t in tensors):
+def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 window: torch.Tensor | None = None) -> str | None:
+    """Why the compiled convolution cannot take this call, or None: CPU tensors of one dtype, float32. With
+    ``window`` (one decode token ``x`` into that rolling window, in place; the update has no backward) float32 or
+    float64, outside autograd."""
+    update = window is not None
+    tensors = [t for t in (x, weight, bias, window) if t is not None]
+    if any(not t.is_cpu for t in tensors):
         return "it runs on CPU tensors only"
     dtypes = (torch.float32, torch.float64) if update else (torch.float32,)
     if any(t.dtype != x.dtype for t in tensors) or x.dtype not in dtypes:

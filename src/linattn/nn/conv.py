@@ -81,15 +81,15 @@ def conv_update(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bia
                 activation: str | None = "silu", backend: str = "auto") -> torch.Tensor | None:
     """One decode token: ``window [B, C, W]`` (W >= K: the last W inputs, oldest first, HF's conv cache layout)
     shifts by one and takes ``x [B, C]`` in place; returns ``act(bias + w . window[..., W-K:])`` ``[B, C]``. None
-    when the compiled update does not take the call (not a CPU float32/float64 call with one dtype throughout,
-    outside autograd; the caller then runs its own code)."""
+    when the compiled update does not take the call under ``backend="auto"`` (not a CPU float32/float64 call with
+    one dtype throughout, outside autograd; the caller then runs its own code); a forced ``"cpu"`` raises the
+    ``ValueError`` that says why."""
     dtype = window.dtype
     B, C, W = window.shape
     if (activation not in ACTIVATIONS or x.shape != (B, C) or weight.dim() != 2 or weight.shape[0] != C
             or not 1 <= weight.shape[1] <= W or (window.is_inference() and not torch.is_inference_mode_enabled())):
         return None
-    if backends.plan_conv(backend, window, weight, bias, update=True).kernel is None or x.dtype != dtype or (
-            torch.is_grad_enabled() and x.requires_grad):
+    if backends.plan_conv(backend, x, weight, bias, window=window).kernel is None:
         return None
     kernel = cpu_backend.kernel("cpu_conv")
     if window.is_neg() or window.is_conj():
