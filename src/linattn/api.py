@@ -2,7 +2,7 @@
 backend would run either and why.
 
 Both turn their arguments into one validated `linattn.call.Call` (`linattn.call`, through
-`linattn.checks`), then hand it to a runner: `linattn.runner` for a sequence, `linattn.packing`
+`linattn.checks`), then hand it on: to `linattn.prefill` for a sequence, `linattn.packing`
 for packed sequences, the decode route below for a step. Every form of every rule shares this one signature and
 these defaults. ``import linattn`` loads no compiled kernel (numba and Triton load on first use).
 """
@@ -19,8 +19,8 @@ from linattn.checks import rule_module
 from linattn.feature_maps import FeatureMap
 from linattn.layout import features, group_heads, resolved, split_state, state_tensor, zero_state
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
-from linattn.packing import run_packed
-from linattn.runner import run
+from linattn.packing import compute_packed
+from linattn.prefill import compute
 from linattn.state import State
 
 __all__ = ["DELTA_RULES", "EPS_MODES", "GATED_RULES", "RULES", "explain", "linear_attention", "step",
@@ -112,12 +112,12 @@ def linear_attention(
                    output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
                    cu_seqlens=cu_seqlens, backend=backend)
     if call.cu_seqlens is not None:
-        return run_packed(call, q, k, v, g, beta, initial_state)
+        return compute_packed(call, q, k, v, g, beta, initial_state)
     if initial_state is None:
         S = zero_state(call.B, call.HV, call.r, call.Dv, call.normalize, call.dtype, q.device)
     else:
         S = state_tensor(initial_state, call.normalize, call.dtype)
-    o, S = run(call, q, k, v, g, beta, S)
+    o, S = compute(call, q, k, v, g, beta, S)
     return o, (split_state(S, call.normalize, rule, feature_map) if output_final_state else None)
 
 
@@ -160,7 +160,7 @@ def step(
     q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values (kernels read memory)
     call = prepare_step(q, k, v, state, rule=rule, feature_map=feature_map, normalize=normalize, scale=scale, eps=eps,
                         eps_mode=eps_mode, g=g, beta=beta, state_dtype=state_dtype, inplace=inplace, backend=backend)
-    return decode.run_step(call, plan, q, k, v, g, beta, state, inplace)
+    return decode.full_step(call, plan, q, k, v, g, beta, state, inplace)
 
 
 def explain(fn, /, *args, **kwargs) -> backends.Plan:

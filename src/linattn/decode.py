@@ -1,6 +1,6 @@
 """The one decode route of `linattn.step` and `Decoder`, following one plan from `linattn.backends.plan_step`
 (made once per step, once per Decoder): `fast_step` (the plan's one compiled call for the plain CPU case, proven
-from attribute reads before any check), else `run_step` on a prepared call: the plan's compiled step
+from attribute reads before any check), else `full_step` on a prepared call: the plan's compiled step
 (`linattn.backends.step`: numba or Triton) where its backend takes the checked tensors, else the rule's torch
 ``step``."""
 
@@ -169,7 +169,7 @@ def fast_step(plan: backends.Plan, q, k, v, state, rule, feature_map, normalize,
     return o, trusted_state(buf, None, rule, fmap_name, False)
 
 
-def run_step(call: Call, plan: backends.Plan, q, k, v, g, beta, state: State | None,
+def full_step(call: Call, plan: backends.Plan, q, k, v, g, beta, state: State | None,
              inplace: bool) -> tuple[torch.Tensor, State]:
     """A prepared decode step off the fast path, as ``plan`` (the step's, from `linattn.backends.plan_step`) says:
     its compiled step where the backend takes the checked tensors, else the rule's torch step."""
@@ -262,7 +262,7 @@ class Decoder:
         call = prepare_step(q, k, v, self.state, rule=self.rule, feature_map=self.feature_map,
                             normalize=self.normalize, scale=self.scale, eps=self.eps, eps_mode=self.eps_mode, g=g,
                             beta=beta, state_dtype=None, inplace=True, backend=self.backend)
-        o, self.state = run_step(call, self._plan, q, k, v, g, beta, self.state, True)
+        o, self.state = full_step(call, self._plan, q, k, v, g, beta, self.state, True)
         return o
 
 

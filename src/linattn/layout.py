@@ -1,4 +1,4 @@
-"""The data layout every runner shares: features of q and k, grouped value heads, and the state with its normalizer
+"""The data layout every path shares: features of q and k, grouped value heads, and the state with its normalizer
 as one more value column (``[S | z]``, the memory of a constant value 1)."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def augmented(state: State, dtype: torch.dtype) -> torch.Tensor:
 
 
 def state_tensor(state: State, normalize: bool, dtype: torch.dtype) -> torch.Tensor:
-    """The state as the runners take it: ``[S | z]`` when normalized, else S, in ``dtype`` (as plain memory: a
+    """The state as the paths take it: ``[S | z]`` when normalized, else S, in ``dtype`` (as plain memory: a
     negative view is copied, and `split_state` writes an in-place update back into it)."""
     return augmented(state, dtype) if normalize else resolved(state.S.to(dtype))
 
@@ -70,7 +70,7 @@ def with_ones_column(v: torch.Tensor, dtype: torch.dtype | None = None) -> torch
 
 
 def zero_state(B: int, H: int, Dk: int, Dv: int, normalize: bool, dtype: torch.dtype, device) -> torch.Tensor:
-    """The empty state as the runners take it: ``[B, H, Dk, Dv + 1]`` zeros (``[S | z]``) when normalized, else
+    """The empty state as the paths take it: ``[B, H, Dk, Dv + 1]`` zeros (``[S | z]``) when normalized, else
     ``[B, H, Dk, Dv]``."""
     return torch.zeros(B, H, Dk, Dv + 1 if normalize else Dv, dtype=dtype, device=device)
 
