@@ -134,8 +134,8 @@ def _all_nonpositive(g: torch.Tensor) -> bool:
         except RuntimeError:  # vmap's batched values (raised at bool())
             return True
     if type(g) is torch.Tensor and g.is_cpu and g.dtype in (torch.float32, torch.float64) and (
-            g.layout == torch.strided and not g.is_neg()):
-        return bool(buffers.array(g).max() <= 0)  # NaN is the max of an array that holds one: False
+            g.layout == torch.strided):
+        return bool(buffers.readable(g).max() <= 0)  # NaN is the max of an array that holds one: False
     return bool((g <= 0).all())  # a subclass (fake, meta-like), another dtype or device: torch's own
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from linattn.buffers import values
 from linattn.feature_maps import FeatureMap, check_features, feature_map_name
 from linattn.state import State, joint_view
 
@@ -12,12 +13,10 @@ UNSET = object()  # "no feature map to record" (None is a map: the identity)
 
 
 def resolved(x):
-    """``x`` as plain memory: a negative or conjugate view (``torch._neg_view``, ``x.conj()``; autograd makes
-    negative views inside some graphs) materialized with its values, anything else (None, non-tensors, which the
-    checks then name) as it is. The compiled kernels read raw memory, where such a view holds other numbers."""
-    if isinstance(x, torch.Tensor) and (x.is_neg() or x.is_conj()):
-        return x.resolve_conj().resolve_neg()
-    return x
+    """``x`` as plain memory (`linattn.buffers.values`: a negative or conjugate view materialized with its values),
+    anything else (None, non-tensors, which the checks then name) as it is. The compiled kernels read raw memory,
+    where such a view holds other numbers."""
+    return values(x) if isinstance(x, torch.Tensor) else x
 
 
 def features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap | None, scale: float | None):

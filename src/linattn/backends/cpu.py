@@ -123,6 +123,8 @@ def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return f"it takes {names} inputs of one dtype"
     if update and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "its one-token update has no backward (inputs require grad)"
+    if update and (window.is_neg() or window.is_conj()):
+        return "it updates the window in place, and a negative or conjugate view's memory does not hold its values"
     return None
 
 
@@ -134,11 +136,9 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     """
     if x is None:
         return None
-    if x.is_neg():  # a negative view's memory holds the negated values
-        x = x.resolve_neg()
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
-    a = buffers.array(x)
+    a = buffers.readable(x)  # (a negative view's values copied: its memory holds them negated)
     return a if shape is None else a.reshape(shape)
 
 
@@ -149,7 +149,7 @@ KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feat
 
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
     """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
-    return buffers.array(x.detach().resolve_neg().contiguous().view(torch.int16)).reshape(shape)
+    return buffers.array(buffers.values(x.detach()).contiguous().view(torch.int16)).reshape(shape)
 
 
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
