@@ -170,12 +170,12 @@ def plan_step(backend: str, q: object = None) -> Plan:
     if plan is not None and not functorch_active() and (
             backend == "cpu" or ("step" in policy.AUTO_FORMS and not (isinstance(q, torch.Tensor) and q.is_cuda))):
         return plan  # the usual case, read in a few hundred nanoseconds: decode at batch 1 is all overhead
+    if type(backend) is not str or backend not in BACKENDS:
+        return Plan(None, f"unknown backend {backend!r}", backend=repr(backend))  # the checks name it
     if backend == "torch":
         return TORCH
     if backend == "triton":
         return Plan("triton", "backend='triton'", backend=backend)
-    if backend != "auto" and backend != "cpu":
-        return Plan(None, f"unknown backend {backend!r}", backend=str(backend))  # the checks name it
     if backend == "auto" and isinstance(q, torch.Tensor) and q.is_cuda:
         return Plan("triton", "backend='auto'", backend=backend) if policy.TRITON_UNDER_AUTO else Plan(None, CUDA_AUTO)
     if functorch_active():
