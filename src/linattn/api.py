@@ -182,8 +182,9 @@ def explain(fn, /, *args, **kwargs) -> backends.Plan:
         built-in feature map, the state in linattn's layout), else the numba token loop's step.
 
     Raises:
-        What ``fn`` raises for a bad argument, and the ``ValueError`` of a forced ``backend`` that cannot take
-        the call (naming the reason); ``TypeError`` when ``fn`` is neither function.
+        ValueError: what ``fn`` raises for a bad value, and a forced ``backend`` that cannot take the call (naming
+            the reason).
+        TypeError: what ``fn`` raises for a bad type, and ``fn`` neither function.
     """
     if fn is not linear_attention and fn is not step:
         raise TypeError(f"fn must be linattn.linear_attention or linattn.step, got {fn!r}")
