@@ -209,7 +209,9 @@ class Decoder:
     would, and raises the same errors for bad input. ``state`` must be a [`State`][linattn.State] that an in-place
     step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
     (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
-    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path.
+    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path. Which backend runs is planned
+    once, here (`linattn.backends.plan_step`); a Decoder is made and called outside ``torch.func`` transforms
+    (a ``ValueError`` says so: it updates its state in place).
     """
 
     def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,
