@@ -115,3 +115,21 @@ def test_bad_arguments_raise_what_the_call_raises():
         linattn.explain(linattn.step, q[:, 0], k[:, 0], v[:, 0], form="chunk")
     with pytest.raises(TypeError, match="fn must be linattn.linear_attention or linattn.step"):
         linattn.explain(torch.matmul, q, k)
+
+
+def test_packed_calls_name_what_runs_their_segments():
+    """Packed sequences: the CPU kernels take them as they lie; where no kernel does (Triton), the padded segments
+    they run as are planned, and the plan names what runs them."""
+    q, k, v, g = sequence(B=1, T=9)
+    cu = torch.tensor([0, 4, 9])
+    assert linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu).runs == "cpu"
+    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu, form="parallel")
+    assert plan.runs == "torch" and "form='parallel'" in plan.why
+    try:
+        import linattn.kernels.triton as kt
+    except Exception:
+        pytest.skip("triton is not installed")
+    if kt.unavailable_reason(q.device, q.dtype, 5) is not None:
+        pytest.skip("the Triton kernels cannot run here (no CUDA, no TRITON_INTERPRET=1)")
+    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu, backend="triton")
+    assert plan.runs == "triton" and plan.why == "packed sequences on Triton run as padded segments (backend='triton')"

@@ -194,10 +194,15 @@ def explain(fn, /, *args, **kwargs) -> backends.Plan:
     q, k, v, g, beta = (resolved(a.pop(name)) for name in ("q", "k", "v", "g", "beta"))
     if fn is linear_attention:
         call = prepare(q, k, v, g=g, beta=beta, **a)
-        state = _state_like(call.N, call, q.device)
-        return backends.plan_prefill(call.backend, rule=call.rule, form=call.form, q=q, k=k, v=v, g=g, beta=beta,
-                                     state=state, grad=call.grad, chunk_size=call.chunk_size,
-                                     cu_seqlens=call.cu_seqlens)
+        kw = dict(rule=call.rule, form=call.form, q=q, k=k, v=v, g=g, beta=beta, state=_state_like(call.N, call,
+                  q.device), grad=call.grad, chunk_size=call.chunk_size)
+        plan = backends.plan_prefill(call.backend, cu_seqlens=call.cu_seqlens, **kw)
+        if call.cu_seqlens is None or plan.kernel is not None:
+            return plan
+        # Packed tokens no kernel takes as they lie run as padded segments (`linattn.packing`), each planned alone.
+        seg = backends.plan_prefill(call.backend, **kw)
+        return seg if seg.kernel is None else backends.Plan(seg.kernel, f"{plan.why} ({seg.why})", seg.module,
+                                                            seg.backend)
     plan = backends.plan_step(a["backend"], q)
     state = a.pop("state")
     call = prepare_step(q, k, v, state, g=g, beta=beta, **a)
