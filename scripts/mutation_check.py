@@ -67,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_precision.py",)),
     Mutant("half_carry_slabs", "precision",
            "the chunk form hands the state from slab to slab in the half dtype",
-           "src/linattn/runner.py",
+           "src/linattn/prefill.py",
            "initial_state=S, chunk_size=call.chunk_size, scale=scale_,",
            "initial_state=S.to(dtype), chunk_size=call.chunk_size, scale=scale_,",
            ("tests/test_precision.py",)),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import linattn
-from linattn import api, decode, distributed, ops, packing, reference, runner
+from linattn import api, decode, distributed, ops, packing, prefill, reference
 from linattn.nn import linear_attention
 from linattn.ops import common
 from linattn.tools import stability
@@ -59,7 +59,7 @@ def test_every_torch_path_divides_in_normalized_read(monkeypatch):
         calls.append(eps_mode)
         return common.normalized_read(num_den, eps, eps_mode, out=out)
 
-    for module in (runner, packing, decode, distributed):
+    for module in (prefill, packing, decode, distributed):
         monkeypatch.setattr(module, "normalized_read", spy)
     q = torch.randn(1, 6, 2, 4)
     linattn.linear_attention(q, q, q, eps_mode="clamp", backend="torch")

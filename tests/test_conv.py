@@ -134,3 +134,29 @@ def test_torch_func_grad_through_a_layer(rule):
     for name, p in layer.named_parameters():
         err = (got[name] - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-6)
         assert err < 1e-4, (name, float(err))
+
+
+def test_update_refusal_reads_the_token_too(monkeypatch):
+    """One decode token through the compiled update: its value against the torch form; a token the update cannot
+    take (another dtype than the window, or requiring grad) is refused by the one refusal (backends.cpu.conv_refusal)
+    that also reads the window, weight and bias: None under "auto" (nothing written), the reason under "cpu"."""
+    from linattn.backends import cpu as cpu_backend
+    from linattn.nn.conv import conv_update
+
+    gen = torch.Generator().manual_seed(3)
+    B, C, W, K = 2, 5, 4, 3
+    window, w, b = torch.randn(B, C, W, generator=gen), torch.randn(C, K, generator=gen), torch.randn(C, generator=gen)
+    x = torch.randn(B, C, generator=gen)
+    want = conv_torch(torch.cat([window, x[..., None]], -1)[..., -K:].transpose(1, 2).double(), w.double(), None,
+                      b.double())[:, -1]
+    before = window.clone()
+    got = conv_update(x, window, w, b, "silu", backend="cpu")
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    assert torch.equal(window, torch.cat([before[..., 1:], x[..., None]], -1))
+    assert cpu_backend.conv_refusal(x.double(), w, b, window) == "it takes float32, float64 inputs of one dtype"
+    for bad, why in ((x.double(), "inputs of one dtype"), (x.clone().requires_grad_(), "has no backward")):
+        before = window.clone()
+        assert conv_update(bad, window, w, b, "silu") is None
+        assert torch.equal(window, before)
+        with pytest.raises(ValueError, match=f"backend='cpu' cannot run this call: .*{why}"):
+            conv_update(bad, window, w, b, "silu", backend="cpu")

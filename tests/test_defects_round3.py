@@ -167,3 +167,36 @@ def test_compiled_convolution_backward_reads_a_negative_gradient_as_values():
     want = torch.autograd.grad(conv_torch(torch.cat([x.new_zeros(2, 3, 6), x], dim=1), w, None), (x, w), gy)
     for a, e in zip(got, want, strict=True):
         assert torch.allclose(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_buffers_read_a_negative_view_as_values_and_refuse_to_write_through_one():
+    """`linattn.buffers`: `readable` gives a kernel a negative (or conjugate) view's values; `array`, the view a
+    kernel writes through, refuses one by name instead of handing over memory that holds the negated numbers."""
+    from linattn import buffers
+
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(6))
+    assert (buffers.readable(neg_view(x)) == x.numpy()).all()
+    assert (buffers.readable(neg_view(x).t()) == x.t().numpy()).all()
+    with pytest.raises(ValueError, match="negative or conjugate view"):
+        buffers.array(neg_view(x))
+    assert buffers.values(x) is x
+
+
+def test_convolution_update_reads_negative_views_and_leaves_a_negative_window_to_the_caller():
+    """The one-token update: a negative token, weight or bias is read as its values; a negative window (which the
+    update writes in place) is refused by the update's one refusal: None under "auto", nothing written; the
+    reason under "cpu"."""
+    from linattn.nn.conv import conv_update
+
+    gen = torch.Generator().manual_seed(7)
+    window, w, b, x = (torch.randn(2, 5, 4, generator=gen), torch.randn(5, 3, generator=gen),
+                       torch.randn(5, generator=gen), torch.randn(2, 5, generator=gen))
+    plain = window.clone()
+    want = conv_update(x, plain, w, b, "silu", backend="cpu")
+    got_window = window.clone()
+    got = conv_update(neg_view(x), got_window, neg_view(w), neg_view(b), "silu", backend="cpu")
+    assert torch.equal(got, want) and torch.equal(got_window, plain)
+    negative = neg_view(window)
+    assert conv_update(x, negative, w, b, "silu") is None and torch.equal(negative, window)
+    with pytest.raises(ValueError, match="backend='cpu' cannot run this call: it updates the window in place"):
+        conv_update(x, negative, w, b, "silu", backend="cpu")

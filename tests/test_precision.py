@@ -21,7 +21,7 @@ from helpers import reference_call, rel_err
 from test_forms import fixed_case, make_inputs
 
 import linattn
-import linattn.runner as runner
+import linattn.prefill as prefill
 from linattn import State
 
 U = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}  # unit roundoff
@@ -107,7 +107,7 @@ def test_half_state_is_carried_in_float32_across_chunks(rule, state_dtype):
 def test_half_state_is_carried_in_float32_across_slabs(monkeypatch, rule, state_dtype):
     # Slabs of one chunk: the state crosses a slab boundary every 16 tokens, as a long sequence does every few
     # thousand; between slabs it must stay in float32 too.
-    monkeypatch.setattr(runner, "slab_tokens", lambda heads, width, chunk_size, elem_bytes: chunk_size)
+    monkeypatch.setattr(prefill, "slab_tokens", lambda heads, width, chunk_size, elem_bytes: chunk_size)
     _check_carry(rule, state_dtype)
 
 

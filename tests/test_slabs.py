@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from helpers import reference_call, rel_err
 
 import linattn
-import linattn.runner as runner
+import linattn.prefill as prefill
 from linattn import State
 
 pytestmark = pytest.mark.usefixtures("torch_forms")  # these check the torch forms themselves
@@ -42,7 +42,7 @@ def inputs(rule: str, per_channel: bool = False, seed: int = 0):
 
 @pytest.fixture
 def small_slabs(monkeypatch):
-    monkeypatch.setattr(runner, "slab_tokens", lambda heads, width, chunk_size, elem_bytes: 2 * chunk_size)
+    monkeypatch.setattr(prefill, "slab_tokens", lambda heads, width, chunk_size, elem_bytes: 2 * chunk_size)
 
 
 @pytest.mark.parametrize(("rule", "per_channel"), [(r, False) for r in RULES] + [("gated", True)])
@@ -69,7 +69,7 @@ def test_many_slabs_gradients_equal_one_slab(monkeypatch, rule):
         return torch.autograd.grad(loss, leaves + list(extra.values()))
 
     one_slab = grads()
-    monkeypatch.setattr(runner, "slab_tokens", lambda heads, width, chunk_size, elem_bytes: 2 * chunk_size)
+    monkeypatch.setattr(prefill, "slab_tokens", lambda heads, width, chunk_size, elem_bytes: 2 * chunk_size)
     many_slabs = grads()
     for a, b in zip(many_slabs, one_slab, strict=True):
         assert rel_err(a, b) < 1e-10
@@ -77,6 +77,6 @@ def test_many_slabs_gradients_equal_one_slab(monkeypatch, rule):
 
 def test_slab_tokens_are_whole_chunks_within_budget():
     # B*H = 8 heads, Dk + Dv = 128, float32, chunks of 64: 4 MiB / (8 * 128 * 4 * 64) = 16 chunks
-    assert runner.slab_tokens(8, 128, 64, 4) == 16 * 64
-    assert runner.slab_tokens(8, 129, 64, 4) == 15 * 64  # whole chunks only, rounded down
-    assert runner.slab_tokens(4096, 128, 64, 4) == 64  # never less than one chunk
+    assert prefill.slab_tokens(8, 128, 64, 4) == 16 * 64
+    assert prefill.slab_tokens(8, 129, 64, 4) == 15 * 64  # whole chunks only, rounded down
+    assert prefill.slab_tokens(4096, 128, 64, 4) == 64  # never less than one chunk

@@ -1,26 +1,30 @@
-"""The public torch API: `linear_attention` for whole sequences, `step` for one-token decode.
+"""The public torch API: `linear_attention` for whole sequences, `step` for one-token decode, `explain` for which
+backend would run either and why.
 
 Both turn their arguments into one validated `linattn.call.Call` (`linattn.call`, through
-`linattn.checks`), then hand it to a runner: `linattn.runner` for a sequence, `linattn.packing`
+`linattn.checks`), then hand it on: to `linattn.prefill` for a sequence, `linattn.packing`
 for packed sequences, the decode route below for a step. Every form of every rule shares this one signature and
 these defaults. ``import linattn`` loads no compiled kernel (numba and Triton load on first use).
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
-from linattn import decode
+from linattn import backends, decode
 from linattn.call import prepare, prepare_step
 from linattn.checks import rule_module
 from linattn.feature_maps import FeatureMap
-from linattn.layout import resolved, split_state, state_tensor, zero_state
+from linattn.layout import features, group_heads, resolved, split_state, state_tensor, zero_state
 from linattn.ops import DELTA_RULES, EPS_MODES, GATED_RULES, RULES
-from linattn.packing import run_packed
-from linattn.runner import run
+from linattn.packing import compute_packed
+from linattn.prefill import compute
 from linattn.state import State
 
-__all__ = ["DELTA_RULES", "EPS_MODES", "GATED_RULES", "RULES", "linear_attention", "step", "supported_forms"]
+__all__ = ["DELTA_RULES", "EPS_MODES", "GATED_RULES", "RULES", "explain", "linear_attention", "step",
+           "supported_forms"]
 
 
 def supported_forms(rule: str) -> tuple[str, ...]:
@@ -108,12 +112,12 @@ def linear_attention(
                    output_final_state=output_final_state, chunk_size=chunk_size, state_dtype=state_dtype,
                    cu_seqlens=cu_seqlens, backend=backend)
     if call.cu_seqlens is not None:
-        return run_packed(call, q, k, v, g, beta, initial_state)
+        return compute_packed(call, q, k, v, g, beta, initial_state)
     if initial_state is None:
         S = zero_state(call.B, call.HV, call.r, call.Dv, call.normalize, call.dtype, q.device)
     else:
         S = state_tensor(initial_state, call.normalize, call.dtype)
-    o, S = run(call, q, k, v, g, beta, S)
+    o, S = compute(call, q, k, v, g, beta, S)
     return o, (split_state(S, call.normalize, rule, feature_map) if output_final_state else None)
 
 
@@ -148,11 +152,66 @@ def step(
     Under ``torch.func.vmap`` the torch step runs and the gate's values are not checked (``g <= 0``: a batched
     tensor's values cannot be read into Python); ``inplace=True`` there needs a state that vmap batches too.
     """
-    fast = decode.fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta,
-                            state_dtype, inplace, backend)
+    plan = backends.plan_step(backend, q)  # decided once: the fast path and the full path both follow it
+    fast = decode.fast_step(plan, q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta,
+                            state_dtype, inplace)
     if fast is not None:
         return fast
     q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values (kernels read memory)
     call = prepare_step(q, k, v, state, rule=rule, feature_map=feature_map, normalize=normalize, scale=scale, eps=eps,
                         eps_mode=eps_mode, g=g, beta=beta, state_dtype=state_dtype, inplace=inplace, backend=backend)
-    return decode.run_step(call, q, k, v, g, beta, state, inplace)
+    return decode.full_step(call, plan, q, k, v, g, beta, state, inplace)
+
+
+def explain(fn, /, *args, **kwargs) -> backends.Plan:
+    """Which backend would run ``fn(*args, **kwargs)``, and why, without running it.
+
+    ``fn`` is [`linear_attention`][linattn.linear_attention] or [`step`][linattn.step]; ``args`` and ``kwargs`` are
+    that function's own arguments, with its defaults and shape contract (``q, k [B, T, H, D]`` for a whole sequence,
+    ``[B, H, D]`` for one token, and so on). They are checked as the call would check them; nothing is computed
+    and no state is written (only the feature map runs, on one token, as the call's checks run it).
+
+    Example: ``linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g)`` gives
+    ``Plan(kernel='cpu', why='the numba kernels take the call', ...)`` for float32 CPU tensors.
+
+    Returns:
+        A [`Plan`][linattn.backends.Plan]: ``plan.runs`` is ``"cpu"`` (the numba kernels), ``"triton"`` or
+        ``"torch"`` (the readable torch forms); ``plan.why`` says what decided it, in words (the policy's rule
+        under ``backend="auto"``, or what the compiled kernels cannot take); ``str(plan)`` gives both. A step on
+        ``"cpu"`` runs its one-call kernel where the inputs are the plain case (float32 contiguous tensors, a
+        built-in feature map, the state in linattn's layout), else the numba token loop's step.
+
+    Raises:
+        ValueError: what ``fn`` raises for a bad value, and a forced ``backend`` that cannot take the call (naming
+            the reason).
+        TypeError: what ``fn`` raises for a bad type, and ``fn`` neither function.
+    """
+    if fn is not linear_attention and fn is not step:
+        raise TypeError(f"fn must be linattn.linear_attention or linattn.step, got {fn!r}")
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    q, k, v, g, beta = (resolved(a.pop(name)) for name in ("q", "k", "v", "g", "beta"))
+    if fn is linear_attention:
+        call = prepare(q, k, v, g=g, beta=beta, **a)
+        kw = dict(rule=call.rule, form=call.form, q=q, k=k, v=v, g=g, beta=beta, state=_state_like(call.N, call,
+                  q.device), grad=call.grad, chunk_size=call.chunk_size)
+        plan = backends.plan_prefill(call.backend, cu_seqlens=call.cu_seqlens, **kw)
+        if call.cu_seqlens is None or plan.kernel is not None:
+            return plan
+        # Packed tokens no kernel takes as they lie run as padded segments (`linattn.packing`), each planned alone.
+        seg = backends.plan_prefill(call.backend, **kw)
+        return seg if seg.kernel is None else backends.Plan(seg.kernel, f"{plan.why} ({seg.why})", seg.module,
+                                                            seg.backend)
+    plan = backends.plan_step(a["backend"], q)
+    state = a.pop("state")
+    call = prepare_step(q, k, v, state, g=g, beta=beta, **a)
+    qf, kf, _ = features(q.to(call.dtype), k.to(call.dtype), call.fmap, call.scale)  # what the step hands on
+    return backends.settle(plan, rule=call.rule, q=group_heads(qf, call.HV), k=group_heads(kf, call.HV), v=v, g=g,
+                           beta=beta, state=_state_like(call.B, call, q.device))
+
+
+def _state_like(N: int, call, device: torch.device) -> torch.Tensor:
+    """A stand-in for the call's augmented state ``[N, HV, r, Dv(+1)]`` (its dtype, device and shape, no memory
+    of its own): what the plans read of a state."""
+    return torch.zeros((), dtype=call.dtype, device=device).expand(N, call.HV, call.r, call.Dv + call.normalize)

@@ -71,12 +71,31 @@ _TYPESTR = {torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", to
             torch.int32: "<i4", torch.int64: "<i8", torch.uint8: "|u1", torch.bool: "|b1"}
 
 
+def values(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as memory that holds its values: a negative or conjugate view (``torch._neg_view``, ``x.conj()``;
+    autograd makes negative views inside some graphs), whose memory holds the negated or conjugated numbers,
+    resolved into a copy; any other tensor is ``x`` itself."""
+    return x.resolve_conj().resolve_neg() if x.is_neg() or x.is_conj() else x
+
+
+def readable(x: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor's values, for a kernel to read: `array` of ``values(x)`` (a copy only for a
+    negative or conjugate view; autograd is not involved: NumPy reads memory, and ``x.detach()`` under a torch.func
+    transform would be a wrapper without any)."""
+    return array(values(x))
+
+
 def array(x: torch.Tensor) -> np.ndarray:
-    """A writable NumPy view of a CPU tensor's memory (any strides), for a kernel to read or write.
+    """A writable NumPy view of a CPU tensor's memory (any strides), for a kernel to write (an output, a state
+    updated in place) or read.
 
     ``x.numpy()`` would mark the tensor's storage as never resizable, for good: the caller's inputs and every
     output would then refuse ``resize_`` and ``torch.cat(..., out=...)``. The view holds ``x`` alive; it must not
-    outlive a resize of ``x``, so it is used within one call. ``x`` must not be a negative or conjugate view."""
+    outlive a resize of ``x``, so it is used within one call. A negative or conjugate view is refused (its memory
+    does not hold its values: a kernel would read and write them negated); inputs go through `readable`."""
+    if x.is_neg() or x.is_conj():
+        raise ValueError("a negative or conjugate view's memory does not hold its values: resolve it first "
+                         "(linattn.buffers.values)")
     if x.numel() == 0:
         return np.empty(tuple(x.shape), dtype=_TYPESTR[x.dtype])
     mem = _Memory()

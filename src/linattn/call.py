@@ -1,9 +1,9 @@
 """One validated, immutable description of a call: what `prepare` (whole sequences, packed or not) and
-`prepare_step` (one decode token) build from the public arguments, and what every runner below takes.
+`prepare_step` (one decode token) build from the public arguments, and what every path below takes.
 
 Every entry point (``linear_attention``, ``step``, packed calls, ``linattn.distributed``, the nn layers through
 them, the HF integration through them) checks its arguments here, once, through `linattn.checks`; the
-runners (`linattn.runner`, `linattn.packing`, `linattn.decode`, `linattn.backends`) trust
+paths (`linattn.prefill`, `linattn.packing`, `linattn.decode`, `linattn.backends`) trust
 the description.
 """
 
@@ -26,7 +26,7 @@ class Call:
     step), ``H`` q/k heads, ``HV`` value heads (a multiple of ``H``), ``D`` the width of q and k, ``r`` the feature
     width (after the feature map: the state's rows), ``Dv`` v's width. ``gate``: None, ``"head"`` or
     ``"channel"``. ``dtype``: the accumulation (state) dtype. ``scale``: as given (None: ``r ** -0.5``, applied by
-    the runner). ``grad``: autograd is recording and some
+    `linattn.prefill`). ``grad``: autograd is recording and some
     input (or a parametrized feature map) requires grad. ``cu_seqlens``: int64 ``[N + 1]`` or None."""
 
     rule: str
@@ -81,7 +81,7 @@ def prepare(
     dtype = checks.compute_dtype(q.dtype, state_dtype)
     fmap = resolve_feature_map(feature_map)
     # The map acts token by token, so one token tells the feature width before any work is done (in the
-    # accumulation dtype, where the runners apply it).
+    # accumulation dtype, where the paths apply it).
     probe = features(q[:, :1].to(dtype), k[:, :1].to(dtype), fmap, scale)[0]
     r = probe.shape[-1]
     checks.check_gate_and_beta(rule, g, beta, (B, T, HV), r, q.device)

@@ -122,28 +122,21 @@ def functorch_wrapped(x: torch.Tensor) -> bool:
 
 
 def _all_nonpositive(g: torch.Tensor) -> bool:
-    """Whether every entry of g is <= 0 (False where one is NaN). A float32 or float64 CPU tensor is read through
-    NumPy, on one thread: a torch reduction of a long sequence's gates wakes torch's OpenMP threads, which then spin
-    on the cores that the compiled kernel's threads start on next (a gated-delta prefill at T = 8192, H = 8 took
-    0.76x-0.80x of its time at 2 threads; benchmarks/results/gate_check_ab_cpu.txt)."""
-    if g.device.type == "cpu" and g.dtype in (torch.float32, torch.float64) and g.layout == torch.strided and not (
-            g.is_neg() or functorch_wrapped(g)):
-        try:  # (a view of its memory that leaves g resizable, as x.numpy() would not)
-            return bool(buffers.array(g).max() <= 0)  # NaN is the max of an array that holds one: False
-        except (RuntimeError, TypeError):  # a tensor NumPy cannot view (a torch.func or fake tensor): torch's own
-            pass
-    return bool((g <= 0).all())
-
-
-def _nonpositive_or_batched(g: torch.Tensor) -> bool:
-    """`_all_nonpositive`, or True under ``torch.func.vmap``: a batched tensor's values cannot be read
-    into Python (vmap raises on data-dependent control flow), so the value check is skipped there."""
-    try:
-        return _all_nonpositive(g)
-    except RuntimeError:
-        if functorch_wrapped(g):
+    """Whether every entry of g is <= 0 (False where one is NaN); True for a gate that ``torch.func.vmap`` batches,
+    whose values cannot be read into Python (vmap raises on data-dependent control flow), so the check is skipped
+    there. A float32 or float64 CPU tensor is read through NumPy, on one thread: a torch reduction of a long
+    sequence's gates wakes torch's OpenMP threads, which then spin on the cores that the compiled kernel's threads
+    start on next (a gated-delta prefill at T = 8192, H = 8 took 0.76x-0.80x of its time at 2 threads;
+    benchmarks/results/gate_check_ab_cpu.txt)."""
+    if functorch_wrapped(g):  # a torch.func wrapper has no memory to view: torch reduces it, where vmap allows
+        try:
+            return bool((g <= 0).all())
+        except RuntimeError:  # vmap's batched values (raised at bool())
             return True
-        raise
+    if type(g) is torch.Tensor and g.is_cpu and g.dtype in (torch.float32, torch.float64) and (
+            g.layout == torch.strided):
+        return bool(buffers.readable(g).max() <= 0)  # NaN is the max of an array that holds one: False
+    return bool((g <= 0).all())  # a subclass (fake, meta-like), another dtype or device: torch's own
 
 
 def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, device) -> None:
@@ -169,7 +162,7 @@ def check_gate_and_beta(rule, g, beta, lead: tuple[int, ...], feature_dim: int, 
                 "form to pick its decay path), which a meta tensor does not have; accumulate and delta run on meta"
             )
         # One pass that also catches NaN (NaN > 0 is False, NaN <= 0 too): a NaN gate is an error, not a state.
-        if g.numel() and not _nonpositive_or_batched(g):
+        if g.numel() and not _all_nonpositive(g):
             bad = "NaN" if bool(g.isnan().any()) else f"largest value {g.max().item():.4g}"
             raise ValueError(f"g must be <= 0 (alpha = exp(g) <= 1); it holds {bad}")
     elif g is not None:

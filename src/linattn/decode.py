@@ -1,7 +1,8 @@
-"""The one decode route of `linattn.step` and `Decoder`: `fast_step` (one compiled call for
-the plain CPU case, proven from attribute reads before any check), else `run_step` on a prepared call: the
-compiled step of the backend (`linattn.backends.step`: numba or Triton) where it takes the call, else the
-rule's torch ``step``."""
+"""The one decode route of `linattn.step` and `Decoder`, following one plan from `linattn.backends.plan_step`
+(made once per step, once per Decoder): `fast_step` (the plan's one compiled call for the plain CPU case, proven
+from attribute reads before any check), else `full_step` on a prepared call: the plan's compiled step
+(`linattn.backends.step`: numba or Triton) where its backend takes the checked tensors, else the rule's torch
+``step``."""
 
 from __future__ import annotations
 
@@ -33,14 +34,14 @@ def trusted_state(S: torch.Tensor, z: torch.Tensor | None, rule: str, feature_ma
     return state
 
 
-def plain_args(backend, rule, feature_map, normalize, scale, eps, eps_mode) -> tuple | None:
+def plain_args(plan: backends.Plan, rule, feature_map, normalize, scale, eps, eps_mode) -> tuple | None:
     """The fixed arguments of a step as `fast_decode` takes them (the kernel module, the rule, the feature
     code and name, normalize, gated, delta, scale or None for the default, eps, clamp), or None when they are not the
-    plain case: a backend that lets the CPU kernel run, a rule, a built-in elementwise or L2 feature map, normalize a
+    plain case: a plan that runs the CPU kernels, a rule, a built-in elementwise or L2 feature map, normalize a
     bool the rule allows (or None), a finite scale and eps as floats. Bad values are the full path's to name."""
-    kd = backends.decode_kernel(backend)
-    if kd is None or rule not in RULES:
+    if plan.kernel != "cpu" or rule not in RULES:
         return None
+    kd = plan.module
     code = kd.FEATURE_CODES.get(feature_map) if feature_map is None or type(feature_map) is str else None
     if code is None:
         return None
@@ -145,13 +146,14 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     return o, buf
 
 
-def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta, state_dtype, inplace,
-              backend) -> tuple[torch.Tensor, State] | None:
-    """The decode step of [`step`][linattn.step] in one compiled call (`fast_decode`), or None when the call is not the
-    plain case (then the full path gives the result, or the error that names the argument)."""
+def fast_step(plan: backends.Plan, q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode, g, beta,
+              state_dtype, inplace) -> tuple[torch.Tensor, State] | None:
+    """The decode step of [`step`][linattn.step] in one compiled call (`fast_decode`) as ``plan`` allows, or None
+    when the call is not the plain case (then the full path gives the result, or the error that names the
+    argument)."""
     if not (inplace is True or inplace is False) or not (state_dtype is None or state_dtype is _F32):
         return None
-    fixed = plain_args(backend, rule, feature_map, normalize, scale, eps, eps_mode)
+    fixed = plain_args(plan, rule, feature_map, normalize, scale, eps, eps_mode)
     if fixed is None:
         return None
     done = fast_decode(fixed, q, k, v, g, beta, state, inplace)
@@ -167,9 +169,10 @@ def fast_step(q, k, v, state, rule, feature_map, normalize, scale, eps, eps_mode
     return o, trusted_state(buf, None, rule, fmap_name, False)
 
 
-def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -> tuple[torch.Tensor, State]:
-    """A prepared decode step off the fast path: the compiled step where the backend takes it, else the rule's
-    torch step."""
+def full_step(call: Call, plan: backends.Plan, q, k, v, g, beta, state: State | None,
+             inplace: bool) -> tuple[torch.Tensor, State]:
+    """A prepared decode step off the fast path, as ``plan`` (the step's, from `linattn.backends.plan_step`) says:
+    its compiled step where the backend takes the checked tensors, else the rule's torch step."""
     dtype, normalize, H = call.dtype, call.normalize, call.HV
     qf, kf, scale = features(q.to(dtype), k.to(dtype), call.fmap, call.scale)
     qf, kf = group_heads(qf, H), group_heads(kf, H)
@@ -183,8 +186,8 @@ def run_step(call: Call, q, k, v, g, beta, state: State | None, inplace: bool) -
         state = State.zeros(call.B, H, call.r, call.Dv, normalizer=normalize, dtype=dtype, device=q.device)
     S = state_tensor(state, normalize, dtype)
     into = state if inplace else None
-    fast = backends.step(call.backend, rule=call.rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
-                        eps=eps, eps_mode=call.eps_mode, inplace=inplace)
+    fast = backends.step(plan, rule=call.rule, q=qf, k=kf, v=v, g=g, beta=beta, state=S, normalize=normalize,
+                         eps=eps, eps_mode=call.eps_mode, inplace=inplace)
     if fast is not None:
         return fast[0], split_state(fast[1], normalize, call.rule, call.feature_map, into=into)
     vv = with_ones_column(v.to(dtype)) if normalize else v.to(dtype)
@@ -206,7 +209,9 @@ class Decoder:
     would, and raises the same errors for bad input. ``state`` must be a [`State`][linattn.State] that an in-place
     step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
     (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
-    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path.
+    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path. Which backend runs is planned
+    once, here (`linattn.backends.plan_step`); a Decoder is made and called outside ``torch.func`` transforms
+    (a ``ValueError`` says so: it updates its state in place).
     """
 
     def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,
@@ -222,11 +227,16 @@ class Decoder:
         checks.check_state(state, B, H, Dk, Dv, normalize, state.device, name="state", rule=rule,
                            feature_map=feature_map)
         checks.check_inplace(state, normalize, state.dtype)
+        if backends.functorch_active():
+            raise _transform_error("made")
         self.state = state
         self.rule, self.feature_map, self.normalize, self.backend = rule, feature_map, normalize, backend
         self.scale, self.eps, self.eps_mode = scale, eps, eps_mode
-        # The fixed arguments of the one compiled call (None: every call takes the full path).
-        self._fixed = plain_args(backend, rule, feature_map, normalize, Dk**-0.5 if scale is None else float(scale),
+        # The one plan of every call (its backend, the policy, the state's device: all fixed here), and the fixed
+        # arguments of its one compiled call (None: every call takes the full path).
+        self._plan = backends.plan_step(backend, state.S)
+        self._fixed = plain_args(self._plan, rule, feature_map, normalize,
+                                 Dk**-0.5 if scale is None else float(scale),
                                  float(eps), eps_mode)  # the default scale resolved here: D is the state's Dk
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
@@ -243,23 +253,27 @@ class Decoder:
         Returns:
             o: ``[B, HV, Dv]`` in ``v.dtype``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)`` returns.
         """
+        if backends.functorch_active():  # (the plan was made outside transforms: it holds while none runs)
+            raise _transform_error("called")
         fixed = self._fixed
-        if fixed is not None and not backends.functorch_active():
+        if fixed is not None:
             done = fast_decode(fixed, q, k, v, g, beta, self.state, True)  # the state is read each call
             if done is not None:
                 return done[0]
-        elif backends.functorch_active():
-            raise ValueError(
-                "Decoder: called under a torch.func transform (vmap, grad, ...); a Decoder updates its state in "
-                "place, which a transform can neither batch nor differentiate: inside the transform call "
-                "linattn.step(q, k, v, state, ..., inplace=False)"
-            )
         q, k, v, g, beta = map(resolved, (q, k, v, g, beta))  # negative views as their values
         call = prepare_step(q, k, v, self.state, rule=self.rule, feature_map=self.feature_map,
                             normalize=self.normalize, scale=self.scale, eps=self.eps, eps_mode=self.eps_mode, g=g,
                             beta=beta, state_dtype=None, inplace=True, backend=self.backend)
-        o, self.state = run_step(call, q, k, v, g, beta, self.state, True)
+        o, self.state = full_step(call, self._plan, q, k, v, g, beta, self.state, True)
         return o
+
+
+def _transform_error(what: str) -> ValueError:
+    return ValueError(
+        f"Decoder: {what} under a torch.func transform (vmap, grad, ...); a Decoder updates its state in place, "
+        "which a transform can neither batch nor differentiate: inside the transform call "
+        "linattn.step(q, k, v, state, ..., inplace=False)"
+    )
 
 
 # The prepared decode loop kept for each object that holds a state across steps (HF's state tensor, nn's cache):

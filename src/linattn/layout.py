@@ -1,10 +1,11 @@
-"""The data layout every runner shares: features of q and k, grouped value heads, and the state with its normalizer
+"""The data layout every path shares: features of q and k, grouped value heads, and the state with its normalizer
 as one more value column (``[S | z]``, the memory of a constant value 1)."""
 
 from __future__ import annotations
 
 import torch
 
+from linattn.buffers import values
 from linattn.feature_maps import FeatureMap, check_features, feature_map_name
 from linattn.state import State, joint_view
 
@@ -12,12 +13,10 @@ UNSET = object()  # "no feature map to record" (None is a map: the identity)
 
 
 def resolved(x):
-    """``x`` as plain memory: a negative or conjugate view (``torch._neg_view``, ``x.conj()``; autograd makes
-    negative views inside some graphs) materialized with its values, anything else (None, non-tensors, which the
-    checks then name) as it is. The compiled kernels read raw memory, where such a view holds other numbers."""
-    if isinstance(x, torch.Tensor) and (x.is_neg() or x.is_conj()):
-        return x.resolve_conj().resolve_neg()
-    return x
+    """``x`` as plain memory (`linattn.buffers.values`: a negative or conjugate view materialized with its values),
+    anything else (None, non-tensors, which the checks then name) as it is. The compiled kernels read raw memory,
+    where such a view holds other numbers."""
+    return values(x) if isinstance(x, torch.Tensor) else x
 
 
 def features(q: torch.Tensor, k: torch.Tensor, fmap: FeatureMap | None, scale: float | None):
@@ -56,7 +55,7 @@ def augmented(state: State, dtype: torch.dtype) -> torch.Tensor:
 
 
 def state_tensor(state: State, normalize: bool, dtype: torch.dtype) -> torch.Tensor:
-    """The state as the runners take it: ``[S | z]`` when normalized, else S, in ``dtype`` (as plain memory: a
+    """The state as the paths take it: ``[S | z]`` when normalized, else S, in ``dtype`` (as plain memory: a
     negative view is copied, and `split_state` writes an in-place update back into it)."""
     return augmented(state, dtype) if normalize else resolved(state.S.to(dtype))
 
@@ -70,7 +69,7 @@ def with_ones_column(v: torch.Tensor, dtype: torch.dtype | None = None) -> torch
 
 
 def zero_state(B: int, H: int, Dk: int, Dv: int, normalize: bool, dtype: torch.dtype, device) -> torch.Tensor:
-    """The empty state as the runners take it: ``[B, H, Dk, Dv + 1]`` zeros (``[S | z]``) when normalized, else
+    """The empty state as the paths take it: ``[B, H, Dk, Dv + 1]`` zeros (``[S | z]``) when normalized, else
     ``[B, H, Dk, Dv]``."""
     return torch.zeros(B, H, Dk, Dv + 1 if normalize else Dv, dtype=dtype, device=device)
 

@@ -37,7 +37,7 @@ import torch
 from linattn.call import Call
 from linattn.layout import split_state, state_tensor, with_ones_column, zero_state
 from linattn.ops.common import normalized_read
-from linattn.runner import compiled, run, segment_call
+from linattn.prefill import compiled, compute, segment_call
 from linattn.state import State
 
 
@@ -98,7 +98,7 @@ class _Segment:
         return o.reshape(self.rows * self.width, *o.shape[2:])[self.dst]
 
 
-def run_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tuple[torch.Tensor, State | None]:
+def compute_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tuple[torch.Tensor, State | None]:
     """A prepared packed call (``call.cu_seqlens`` set; see the module docstring): outputs ``[1, T, H, Dv]`` and,
     if asked, the N final states. The segments run as prepared calls of their own, never checked again."""
     cu, dtype, normalize = call.cu_seqlens, call.dtype, call.normalize
@@ -122,7 +122,7 @@ def run_packed(call: Call, q, k, v, g, beta, initial_state: State | None) -> tup
     sources, outputs = [], []
     for j in range(-(-int(lengths.max()) // seg)):  # segments, each one call over all running sequences
         part = _Segment(cu, lengths, j, seg, q.device)
-        o, S_part = run(segment_call(call, part.rows, part.width), part.pad(qq, False), part.pad(kk, False),
+        o, S_part = compute(segment_call(call, part.rows, part.width), part.pad(qq, False), part.pad(kk, False),
                         part.pad(vv, True), part.pad(g, True), part.pad(beta, True), S[part.active])
         S = S.index_copy(0, part.active, S_part.to(S.dtype))  # out of place: autograd keeps each segment's
         sources.append(part.src)

@@ -3,8 +3,10 @@ place that decides which of them runs a call: ``"torch"`` (`linattn.ops`), ``"cp
 numba kernels) and ``"triton"`` (`linattn.backends.triton`).
 
 Every call is planned here once: `plan_prefill` and `plan_step` return a `Plan`, the compiled path to run (or
-None for the torch forms) and why. The rules behind ``"auto"`` (which forms, which backward, how many threads) are
-in `linattn.backends.policy`, each with its measurement; what each backend can take is its ``refusal``.
+None for the torch forms) and why; a step's plan is made before its arguments are checked and is settled on the
+checked tensors (`settle`) when its full path runs. `linattn.explain` shows a call's plan to the user. The rules
+behind ``"auto"`` (which forms, which backward, how many threads) are in `linattn.backends.policy`, each with its
+measurement; what each backend can take is its ``refusal``.
 
 ``backend="torch"`` always runs the readable torch forms. ``backend="cpu"`` runs the numba kernels and raises a
 ``ValueError`` saying why for inputs they do not cover. ``backend="triton"`` forces the Triton kernels (CUDA, or
@@ -17,44 +19,46 @@ the torch forms after one warning.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from linattn.backends import cpu, policy, triton
 from linattn.checks import BACKENDS, check_backend
 
-__all__ = ["BACKENDS", "Plan", "check_backend", "decode_kernel", "decode_threads", "functorch_active",
-           "linear_attention", "plan_conv", "plan_prefill", "plan_step", "step"]
+__all__ = ["BACKENDS", "Plan", "check_backend", "decode_threads", "functorch_active", "linear_attention",
+           "plan_conv", "plan_prefill", "plan_step", "settle", "step"]
 
 
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: ``kernel`` is ``"cpu"`` or ``"triton"`` (a compiled backend) or None (the torch forms);
-    ``why`` says what decided it, in words (a refusal's reason, or the policy's rule); ``module``: the Triton
-    kernels' module when ``kernel`` is ``"triton"`` (found once, by the refusal check)."""
+    ``why`` says what decided it, in words (a refusal's reason, or the policy's rule); ``module``: the kernels'
+    module the plan runs (the Triton kernels, found once by the refusal check; for a decode step on ``"cpu"``, the
+    one-call decode kernel). A step's plan is made before its arguments are checked, so it also keeps the
+    ``backend`` asked for and, where a forced backend refuses whatever the tensors are, the ``error`` that running
+    the plan raises (after the checks, so a bad argument is named first)."""
 
     kernel: str | None
     why: str
-    module: object = None
+    module: object = field(default=None, repr=False, compare=False)
+    backend: str = "auto"
+    error: str | None = None
+
+    @property
+    def runs(self) -> str:
+        """What runs, by the name ``backend=`` gives it: ``"cpu"``, ``"triton"`` or ``"torch"``."""
+        return self.kernel or "torch"
+
+    def __str__(self) -> str:
+        return f"{self.runs}: {self.why}"
 
 
-TORCH = Plan(None, "backend='torch'")
-
-
-def decode_kernel(backend: str):
-    """`linattn.kernels.cpu_decode` when ``backend`` lets the decode step run compiled on the CPU, else None.
-
-    ``linattn.step`` asks this first and proves the rest (shapes, layouts, the state's record) itself; any call
-    that is not the plain case runs through [`step`][linattn.step] below."""
-    if (backend == "cpu" or (backend == "auto" and "step" in policy.AUTO_FORMS)) and not functorch_active():
-        return cpu.kernel("cpu_decode")
-    return None
-
-
+TORCH = Plan(None, "backend='torch'", backend="torch")
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)  # looked up once: decode is hot
 # Why a compiled CPU kernel cannot run under torch.func: it reads tensors' memory, which the transforms' wrappers lack.
 TRANSFORM_REFUSAL = "it reads raw tensor memory, which torch.func transforms (vmap, grad, jacrev, ...) do not provide"
+CUDA_AUTO = "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU"
 
 
 def functorch_active() -> bool:
@@ -80,21 +84,23 @@ def _cpu_plan(backend: str, refusal: str | None, auto_why: str | None, modules: 
     if backend == "auto" and (refusal is not None or auto_why is not None):
         return Plan(None, refusal or auto_why)
     if any(cpu.kernel(m) is None for m in modules):
-        return Plan(None, "numba is unavailable")
-    return Plan("cpu", "the numba kernels take the call")
+        return Plan(None, "numba is unavailable", backend=backend)
+    return Plan("cpu", "the numba kernels take the call", backend=backend)
 
 
 def _device_plan(backend: str, rule: str, tensors: tuple, state: torch.Tensor, grad: bool | None,
                  extra: dict | None, chunk_size: int | None) -> Plan | None:
-    """The plan where the device or a transform decides (Triton, CUDA, torch.func), else None: the CPU's turn.
+    """The plan where the device or a transform decides (Triton, CUDA under "auto", torch.func), else None: the
+    CPU's turn (a CUDA tensor under a forced ``"cpu"`` meets its refusal there).
     ``grad``: as `triton.refusal` takes it (None for a whole sequence, whose kernels have a backward)."""
-    if backend == "triton" or (policy.TRITON_UNDER_AUTO and tensors[0].is_cuda):
+    auto_cuda = backend == "auto" and tensors[0].is_cuda
+    if backend == "triton" or (auto_cuda and policy.TRITON_UNDER_AUTO):
         kt, why = triton.refusal(rule, tensors, state, grad, extra, chunk_size)
         if kt is None:
             raise _forced("triton", why)
-        return Plan("triton", "backend='triton'", kt)
-    if tensors[0].is_cuda:
-        return Plan(None, "on CUDA 'auto' runs the torch forms until the Triton kernels are measured on a GPU")
+        return Plan("triton", f"backend={backend!r}", kt, backend)
+    if auto_cuda:
+        return Plan(None, CUDA_AUTO)
     if functorch_active():
         return _cpu_plan(backend, TRANSFORM_REFUSAL, None, ())  # refused: no kernel to load
     return None
@@ -108,7 +114,7 @@ def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torc
     if backend == "torch":
         return TORCH
     if cu_seqlens is not None and (backend == "triton" or q.is_cuda):
-        return Plan(None, "packed sequences on Triton run as padded segments")
+        return Plan(None, "packed sequences on Triton run as padded segments", backend=backend)
     plan = _device_plan(backend, rule, (q, k, v, g, beta), state, None, extra, chunk_size)
     if plan is not None:
         return plan
@@ -151,47 +157,90 @@ def linear_attention(
     return None
 
 
-def plan_step(backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor,
-              extra: dict | None = None) -> Plan:
-    """Which path runs a decode step off the fast path (arguments as `step` takes them); a forced backend that
-    cannot take it raises a ``ValueError`` naming the reason."""
+_CPU_STEP: dict[str, Plan] = {}  # "auto", "cpu" -> the compiled step's plan, made once numba has loaded
+
+
+def plan_step(backend: str, q: object = None) -> Plan:
+    """Which path runs one decode step (`linattn.step`, a `linattn.Decoder` call), decided once per call before its
+    arguments are checked, from what needs no checked tensor: ``backend``, the policy, a running torch.func
+    transform and the device of ``q`` (any object: a non-tensor is the checks' to name; a Decoder passes its state).
+
+    The step follows the plan: ``kernel="cpu"``: ``module`` (`linattn.kernels.cpu_decode`, the one-call kernel)
+    where the inputs prove the plain case (`linattn.decode.fast_decode`), else `step` with the checked tensors:
+    the numba token loop's step where `linattn.backends.cpu.refusal` passes them, else the torch step (a
+    ``ValueError`` with the reason under ``backend="cpu"``); `settle` gives that final plan."""
+    plan = _CPU_STEP.get(backend) if type(backend) is str else None
+    if plan is not None and not functorch_active() and (
+            backend == "cpu" or ("step" in policy.AUTO_FORMS and not (isinstance(q, torch.Tensor) and q.is_cuda))):
+        return plan  # the usual case, read in a few hundred nanoseconds: decode at batch 1 is all overhead
+    if type(backend) is not str or backend not in BACKENDS:
+        return Plan(None, f"unknown backend {backend!r}", backend=repr(backend))  # the checks name it
     if backend == "torch":
         return TORCH
-    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, g, beta, state))
-    plan = _device_plan(backend, rule, (q, k, v, g, beta), state, grad, extra, None)
-    if plan is not None:
+    if backend == "triton":
+        return Plan("triton", "backend='triton'", backend=backend)
+    if backend == "auto" and isinstance(q, torch.Tensor) and q.is_cuda:
+        return Plan("triton", "backend='auto'", backend=backend) if policy.TRITON_UNDER_AUTO else Plan(None, CUDA_AUTO)
+    if functorch_active():
+        return Plan(None, TRANSFORM_REFUSAL, backend=backend, error=TRANSFORM_REFUSAL if backend == "cpu" else None)
+    if backend == "auto" and "step" not in policy.AUTO_FORMS:
+        return Plan(None, "the step's torch form is asked for")
+    kd = cpu.kernel("cpu_decode")
+    if kd is None:
+        return Plan(None, "numba is unavailable", backend=backend)
+    plan = _CPU_STEP[backend] = Plan("cpu", "the numba kernels take the call", kd, backend)
+    return plan
+
+
+def settle(plan: Plan, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+           beta: torch.Tensor | None, state: torch.Tensor) -> Plan:
+    """The plan of `plan_step` for the checked tensors of the step (as `step` takes them): a compiled backend that
+    cannot take them gives the torch step and why under ``"auto"``, and a ``ValueError`` naming the reason when
+    forced."""
+    if plan.error is not None:
+        raise _forced(plan.backend, plan.error)
+    if plan.kernel is None:
         return plan
-    refusal = cpu.refusal(rule, (q, k, v, g, beta), state, grad, extra)
-    auto_why = None if "step" in policy.AUTO_FORMS else "the step's torch form is asked for"
-    return _cpu_plan(backend, refusal, auto_why, ("cpu_loop",))
+    tensors = (q, k, v, g, beta)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*tensors, state))
+    if plan.kernel == "triton":
+        kt, why = triton.refusal(rule, tensors, state, grad, None)
+        if kt is None:
+            raise _forced("triton", why)
+        return Plan("triton", plan.why, kt, plan.backend)
+    refusal = cpu.refusal(rule, tensors, state, grad)
+    if refusal is None:
+        return plan
+    if plan.backend == "cpu":
+        raise _forced("cpu", refusal)
+    return Plan(None, refusal)
 
 
 def step(
-    backend: str, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+    plan: Plan, *, rule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
     beta: torch.Tensor | None, state: torch.Tensor, normalize: bool, eps: float, eps_mode: str, inplace: bool,
-    **extra: object,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """One decode token on a compiled backend, or None for the torch forms.
+    """One decode token as ``plan`` (from `plan_step`) says: on a compiled backend, or None for the torch step.
 
     ``q`` (already scaled), ``k`` features in the state's dtype ``[B, H, Dk]``, ``v [B, H, Dv]``; ``state``
     ``[B, H, Dk, Dv(+1)]``, updated in place when ``inplace`` (else copied first). Returns (o in v.dtype, state).
     """
-    plan = plan_step(backend, rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, extra=extra)
+    plan = settle(plan, rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state)
     if plan.kernel == "triton":
         return plan.module.step(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, normalize=normalize,
                                 eps=eps, eps_mode=eps_mode, inplace=inplace)
     if plan.kernel == "cpu":
-        return cpu.step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend)
+        return cpu.step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, plan.backend)
     return None
 
 
 def plan_conv(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
-              update: bool = False) -> Plan:
-    """Which path runs the short causal convolution of ``x`` (``update``: one decode token into a rolling window,
-    outside autograd). The Triton backend has no convolution: under ``"triton"`` the torch form runs (on CUDA too);
-    a forced ``"cpu"`` that cannot take the call raises a ``ValueError`` naming the reason."""
+              window: torch.Tensor | None = None) -> Plan:
+    """Which path runs the short causal convolution of ``x`` (with ``window``: one decode token ``x`` into that
+    rolling window, in place, outside autograd). The Triton backend has no convolution: under ``"triton"`` the torch
+    form runs (on CUDA too); a forced ``"cpu"`` that cannot take the call raises a ``ValueError`` naming the
+    reason."""
     if backend in ("torch", "triton"):
-        return Plan(None, f"backend={backend!r} runs the torch form of the convolution")
-    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, update)
+        return Plan(None, f"backend={backend!r} runs the torch form of the convolution", backend=backend)
+    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, window)
     return _cpu_plan(backend, refusal, None, ("cpu_conv",))

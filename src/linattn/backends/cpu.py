@@ -91,7 +91,8 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
         return f"it does not take {', '.join(unknown)}"
     if grad:
         return "it has no backward (inputs require grad)"
-    if state.device.type != "cpu" or any(t is not None and t.device.type != "cpu" for t in tensors):
+    # (is_cpu, not device.type: building a torch.device costs a microsecond, six of them more than a decode step)
+    if not state.is_cpu or any(t is not None and not t.is_cpu for t in tensors):
         return "it runs on CPU tensors only"
     if state.dtype != torch.float32:
         return f"it keeps a float32 state, got state dtype {state.dtype}"
@@ -100,11 +101,14 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
     return None
 
 
-def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, update: bool) -> str | None:
-    """Why the compiled convolution cannot take this call, or None: CPU tensors of one dtype, float32 (and float64
-    for the one-token update, which has no backward: outside autograd)."""
-    tensors = [t for t in (x, weight, bias) if t is not None]
-    if any(t.device.type != "cpu" for t in tensors):
+def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 window: torch.Tensor | None = None) -> str | None:
+    """Why the compiled convolution cannot take this call, or None: CPU tensors of one dtype, float32. With
+    ``window`` (one decode token ``x`` into that rolling window, in place; the update has no backward) float32 or
+    float64, outside autograd."""
+    update = window is not None
+    tensors = [t for t in (x, weight, bias, window) if t is not None]
+    if any(not t.is_cpu for t in tensors):
         return "it runs on CPU tensors only"
     dtypes = (torch.float32, torch.float64) if update else (torch.float32,)
     if any(t.dtype != x.dtype for t in tensors) or x.dtype not in dtypes:
@@ -112,6 +116,8 @@ def conv_refusal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return f"it takes {names} inputs of one dtype"
     if update and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return "its one-token update has no backward (inputs require grad)"
+    if update and (window.is_neg() or window.is_conj()):
+        return "it updates the window in place, and a negative or conjugate view's memory does not hold its values"
     return None
 
 
@@ -123,11 +129,9 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     """
     if x is None:
         return None
-    if x.is_neg():  # a negative view's memory holds the negated values
-        x = x.resolve_neg()
     if x.dtype != torch.float32 or not x.is_contiguous():
         x = x.to(torch.float32).contiguous()
-    a = buffers.array(x)
+    a = buffers.readable(x)  # (a negative view's values copied: its memory holds them negated)
     return a if shape is None else a.reshape(shape)
 
 
@@ -138,7 +142,7 @@ KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feat
 
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
     """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
-    return buffers.array(x.detach().resolve_neg().contiguous().view(torch.int16)).reshape(shape)
+    return buffers.array(buffers.values(x.detach()).contiguous().view(torch.int16)).reshape(shape)
 
 
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,

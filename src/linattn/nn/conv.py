@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from linattn import backends
 from linattn.backends import cpu as cpu_backend
-from linattn.buffers import array
+from linattn.buffers import array, readable, values
 
 
 def sequence_offsets(cu_seqlens: torch.Tensor, T: int) -> torch.Tensor:
@@ -81,24 +81,21 @@ def conv_update(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bia
                 activation: str | None = "silu", backend: str = "auto") -> torch.Tensor | None:
     """One decode token: ``window [B, C, W]`` (W >= K: the last W inputs, oldest first, HF's conv cache layout)
     shifts by one and takes ``x [B, C]`` in place; returns ``act(bias + w . window[..., W-K:])`` ``[B, C]``. None
-    when the compiled update does not take the call (not a CPU float32/float64 call with one dtype throughout,
-    outside autograd; the caller then runs its own code)."""
+    when the compiled update does not take the call under ``backend="auto"`` (not a CPU float32/float64 call with
+    one dtype throughout, outside autograd; the caller then runs its own code); a forced ``"cpu"`` raises the
+    ``ValueError`` that says why."""
     dtype = window.dtype
     B, C, W = window.shape
     if (activation not in ACTIVATIONS or x.shape != (B, C) or weight.dim() != 2 or weight.shape[0] != C
             or not 1 <= weight.shape[1] <= W or (window.is_inference() and not torch.is_inference_mode_enabled())):
         return None
-    if backends.plan_conv(backend, window, weight, bias, update=True).kernel is None or x.dtype != dtype or (
-            torch.is_grad_enabled() and x.requires_grad):
+    if backends.plan_conv(backend, x, weight, bias, window=window).kernel is None:
         return None
     kernel = cpu_backend.kernel("cpu_conv")
-    if window.is_neg() or window.is_conj():
-        return None  # a view whose memory is not its values: the caller's own code updates it
     out = torch.empty(B, C, dtype=dtype)
-    b = bias.detach().resolve_neg() if bias is not None else torch.zeros(C, dtype=dtype)
+    b = readable(bias) if bias is not None else array(torch.zeros(C, dtype=dtype))
     # NumPy views that leave the caller's tensors resizable (x.numpy() would pin their storage for good)
-    kernel.update(array(x.detach().resolve_neg()), array(window.detach()), array(weight.detach().resolve_neg()),
-                  array(b), activation == "silu", array(out))
+    kernel.update(readable(x), array(window.detach()), readable(weight), b, activation == "silu", array(out))
     torch.autograd.graph.increment_version(window)  # written through a raw view: autograd must know
     return out
 
@@ -108,8 +105,8 @@ class _CompiledConv(torch.autograd.Function):
     def forward(ctx, xs, weight, bias, offs, silu, kernel):
         B, TK, C = xs.shape
         K = weight.shape[-1]
-        xs_c, wT = xs.detach().resolve_neg().contiguous(), weight.detach().resolve_neg().t().contiguous()
-        b = bias.detach().resolve_neg().contiguous() if bias is not None else torch.zeros(C, dtype=xs.dtype)
+        xs_c, wT = values(xs.detach()).contiguous(), values(weight.detach()).t().contiguous()
+        b = values(bias.detach()).contiguous() if bias is not None else torch.zeros(C, dtype=xs.dtype)
         off = offs.numpy() if offs is not None else _NO_OFFSETS
         pre = torch.empty(B, TK - K + 1, C, dtype=xs.dtype)
         kernel.forward(array(xs_c), array(wT), array(b), off, offs is not None, array(pre))
@@ -134,7 +131,7 @@ class _CompiledConv(torch.autograd.Function):
         off = ctx.offs.numpy() if ctx.offs is not None else _NO_OFFSETS
         xs_c, wT = ctx.arrays
         ctx.kernel.backward(array(xs_c), array(wT), off, ctx.offs is not None, ctx.silu, array(pre), array(sig),
-                            array(gy.resolve_neg().contiguous()), array(gxs), array(gwT), array(gb))
+                            readable(gy.contiguous()), array(gxs), array(gwT), array(gb))
         return gxs, gwT.t(), (gb if bias is not None else None), None, None, None
 
 

@@ -281,8 +281,8 @@ def run(cfg: PerfConfig = FULL, *, only: tuple[str, ...] = (), peers: tuple[pp.P
 
 def decode_split_min_work() -> int | None:
     """The state entries from which the compiled decode step splits heads over threads (None: no compiled step)."""
-    kd = linattn.backends.decode_kernel("cpu")
-    return None if kd is None else int(policy.DECODE_SPLIT_MIN_ENTRIES)
+    compiled = linattn.backends.plan_step("cpu").kernel == "cpu"
+    return int(policy.DECODE_SPLIT_MIN_ENTRIES) if compiled else None
 
 
 def missing_peers(cases: list[Case]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """``linattn perf --device cuda``: linattn's Triton chunk kernels against flash-linear-attention's, on one GPU.
 
-For each shape (fla's published B=1, T=8192, H=96, D=128 and B=2, T=16384, H=16, D=128; linattn bench's largest size B=1,
-T=8192, H=8, D=64) and each variant (accumulate, gated per head, gated per key channel, delta, gated delta) it
+For each shape (fla's published B=1, T=8192, H=96, D=128 and B=2, T=16384, H=16, D=128; linattn bench's largest
+size B=1, T=8192, H=8, D=64) and each variant (accumulate, gated per head, gated per key channel, delta, gated delta) it
 times, forward and forward+backward, bfloat16:
 
 * ``linattn.triton``: the public ``linattn.linear_attention(..., backend="triton", normalize=False)``;

@@ -1,9 +1,9 @@
-"""Runs a prepared whole-sequence call (`linattn.call.Call`): a compiled backend where it takes the call
-(`compiled`, through `linattn.backends`), else the rule's torch form over slabs (`run_torch`).
+"""A prepared whole-sequence call (`linattn.call.Call`) computed: `compute` takes a compiled backend where it takes
+the call (`compiled`, through `linattn.backends`), else the rule's torch form over slabs (`torch_forms`).
 
 Inputs are the public layout ``q, k [B, T, H, D]``, ``v [B, T, HV, Dv']``, ``g``, ``beta``, already checked;
 ``S [B, HV, r, Dv']`` is the starting state in the accumulation dtype (``[S | z]`` when normalized: then ``Dv'``
-is ``Dv + 1`` inside the runners and v gets its ones column here). Nothing is validated again.
+is ``Dv + 1`` here and v gets its ones column here). Nothing is validated again.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def slab_tokens(heads: int, width: int, chunk_size: int, elem_bytes: int, budget
     return chunks * chunk_size
 
 
-def run(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def compute(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``o [B, T, H, Dv]`` in v's dtype and the final state ``[B, H, Dk, Dv(+1)]`` (augmented when normalized)."""
     fast = compiled(call, q, k, v, g, beta, S)
-    return fast if fast is not None else run_torch(call, q, k, v, g, beta, S)
+    return fast if fast is not None else torch_forms(call, q, k, v, g, beta, S)
 
 
 def compiled(call: Call, q, k, v, g, beta, S: torch.Tensor, cu_seqlens: torch.Tensor | None = None):
@@ -49,7 +49,7 @@ def segment_call(call: Call, rows: int, width: int) -> Call:
                                cu_seqlens=None, output_final_state=True)
 
 
-def run_torch(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def torch_forms(call: Call, q, k, v, g, beta, S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule's torch form. The chunk form runs over slabs of whole chunks, carrying the state: the same
     arithmetic, but each slab's temporaries stay in cache and peak memory stays bounded however long the
     sequence. Other forms take it whole. Without autograd, each slab writes its share of the output in place."""
