@@ -192,6 +192,7 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     qf = np.empty(D, dtype=np.float32)
     kf = np.empty(D, dtype=np.float32)
     qa = np.empty(D, dtype=np.float32)
+    ka = np.empty(D, dtype=np.float32)
     ga = np.empty(D, dtype=np.float32)
     w = np.empty(Dw, dtype=np.float32)
     r = np.empty(Dw, dtype=np.float32)
@@ -220,11 +221,18 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
                     w[j] = v[b, h, j]
                 if normalize:
                     w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
-                if delta:  # u = beta (v - a S^T k), S <- a S + k u^T, o = a S^T q + (q.k) u
-                    _sweep_read2_jit(S[b, h], kf, qf, p, r)
+                if delta:  # u = beta (v - S^T (a k)), S <- diag(a) S + k u^T, o = S^T (a q) + (q.k) u
                     bt = beta[b, h]
-                    for j in range(Dw):
-                        w[j] = bt * (w[j] - a * p[j])
+                    if per_channel:  # the gates ride on k and q for the reads
+                        for i in range(D):
+                            ka[i] = kf[i] * ga[i]
+                        _sweep_read2_jit(S[b, h], ka, qa, p, r)
+                        for j in range(Dw):
+                            w[j] = bt * (w[j] - p[j])
+                    else:
+                        _sweep_read2_jit(S[b, h], kf, qf, p, r)
+                        for j in range(Dw):
+                            w[j] = bt * (w[j] - a * p[j])
                     if in_place:  # the head is still in L1 from the read
                         _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
                     else:
