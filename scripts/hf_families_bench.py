@@ -174,6 +174,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-models", action="store_true")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="only the decode-step function rows (no prefill rows, no whole models)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
@@ -193,6 +195,8 @@ def main() -> None:
             torch.set_num_threads(threads)
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
             for family, what, hf_call, ours_call, check in cases:
+                if args.decode_only and what != "decode step":
+                    continue
                 # a decode step takes well under a millisecond: many more runs for a stable median
                 n = args.repeats * 20 if what == "decode step" else args.repeats
                 hf_ms, ours_ms = paired_medians_ms([hf_call, ours_call], n)
@@ -200,7 +204,7 @@ def main() -> None:
                         "hf": hf_ms, "linattn": ours_ms, "speedup": hf_ms / ours_ms,
                         "max_rel_diff": rel(*check())})
         del cases
-        if not args.skip_models:
+        if not (args.skip_models or args.decode_only):
             for name, model_type, cfg in small_models():
                 torch.manual_seed(0)
                 model = transformers.AutoModelForCausalLM.from_config(cfg).eval()

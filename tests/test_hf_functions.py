@@ -267,6 +267,27 @@ def test_delta_rule_decode_steps_in_place(family, dtype):
     assert torch.equal(S, before)
 
 
+@pytest.mark.parametrize("family", ["kda", "gated_delta"])
+def test_delta_rule_decode_step_is_one_kernel_call_on_hf_memory(calls, family):
+    """At batch 1 in float32 (HF's decode step) the step is one call of the compiled kernel that reads HF's own
+    token tensors and updates HF's state where it lies: no copy of the state or of an input, per step."""
+    kda = family == "kda"
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, g, beta, S0 = (x.float() for x in delta_inputs(3, gen, per_channel=kda, B=1, H=2, HV=2 if kda else 4,
+                                                            K=16, Dv=9))
+    ours = lt.recurrent_kimi_delta_attention if kda else lt.recurrent_gated_delta_rule
+    S = S0.clone()
+    with torch.no_grad():
+        for t in range(3):
+            step = [x[:, t:t + 1] for x in (q, k, v, g, beta)]
+            o, S_out = ours(*step, initial_state=S, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            assert S_out is S
+            assert calls[-1][:8] == (*(x.data_ptr() for x in step), S.data_ptr(), S.data_ptr(), calls[-1][7])
+    assert len(calls) == 3 and calls[-1][13] == (16 if kda else 1)  # the gate width the kernel read
+    o_ref, S_ref = delta_ref(*(x.double() for x in (q, k, v, g, beta, S0)))
+    assert rel(o[:, 0], o_ref[:, 2]) <= 1e-5 and rel(S, S_ref) <= 1e-5
+
+
 def test_kda_packed_equals_each_sequence_alone():
     gen = torch.Generator().manual_seed(9)
     lengths = [3, 0, 70, 1]

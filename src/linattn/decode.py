@@ -82,8 +82,8 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     (B, Hq, D), (B_v, HV, Dv) = q_shape, v_shape
     if B_v != B or not (B and Hq and D and HV and Dv) or HV % Hq:
         return None
-    # The gate width the kernel reads: 0 none, 1 one per head ([B, HV]), D one per key channel ([B, HV, D]; a delta
-    # rule with per-channel gates, Kimi Delta, takes the torch form); beta [B, HV] for the delta rules.
+    # The gate width the kernel reads: 0 none, 1 one per head ([B, HV]), D one per key channel ([B, HV, D], Kimi
+    # Delta's on the delta rule); beta [B, HV] for the delta rules.
     width = 0
     if gated:
         if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad
@@ -92,7 +92,7 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
         g_shape = g.shape
         if g_shape == (B, HV):
             width = 1
-        elif g_shape == (B, HV, D) and not delta:
+        elif g_shape == (B, HV, D):
             width = D
         else:
             return None

@@ -26,17 +26,25 @@ are checked here, before anything is written, because reading them costs a torch
 from __future__ import annotations
 
 import ctypes
+import os
+import threading
 
 import numba
 import numpy as np
 from numba import types
 
-from linattn.kernels import cpu_threads
+from linattn.kernels import cpu_handoff, cpu_threads
 
 # FEATURE_CODES: the codes decode.py asks this module for
 from linattn.kernels.cpu_intrinsics import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
 
 OK, BAD_GATE = 0, 1
+# How long a split step's worker waits awake for the next step before it sleeps (bounded: an idle worker burns no
+# core).
+HANDOFF_SPIN_US = 100.0
+# The state entries of a split step's chunk: small enough that a late worker holds the caller up little, large
+# enough that a chunk's call overhead (about a microsecond) stays small.
+SPLIT_CHUNK_ENTRIES = 1 << 15
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})
@@ -192,6 +200,7 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     qf = np.empty(D, dtype=np.float32)
     kf = np.empty(D, dtype=np.float32)
     qa = np.empty(D, dtype=np.float32)
+    ka = np.empty(D, dtype=np.float32)
     ga = np.empty(D, dtype=np.float32)
     w = np.empty(Dw, dtype=np.float32)
     r = np.empty(Dw, dtype=np.float32)
@@ -220,11 +229,18 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
                     w[j] = v[b, h, j]
                 if normalize:
                     w[Dv] = np.float32(1.0)  # z is the memory of a constant value 1
-                if delta:  # u = beta (v - a S^T k), S <- a S + k u^T, o = a S^T q + (q.k) u
-                    _sweep_read2_jit(S[b, h], kf, qf, p, r)
+                if delta:  # u = beta (v - S^T (a k)), S <- diag(a) S + k u^T, o = S^T (a q) + (q.k) u
                     bt = beta[b, h]
-                    for j in range(Dw):
-                        w[j] = bt * (w[j] - a * p[j])
+                    if per_channel:  # the gates ride on k and q for the reads
+                        for i in range(D):
+                            ka[i] = kf[i] * ga[i]
+                        _sweep_read2_jit(S[b, h], ka, qa, p, r)
+                        for j in range(Dw):
+                            w[j] = bt * (w[j] - p[j])
+                    else:
+                        _sweep_read2_jit(S[b, h], kf, qf, p, r)
+                        for j in range(Dw):
+                            w[j] = bt * (w[j] - a * p[j])
                     if in_place:  # the head is still in L1 from the read
                         _sweep_write_jit(S[b, h], S[b, h], ga, kf, w)
                     else:
@@ -267,37 +283,86 @@ _dispatcher = numba.njit(_SIGNATURE, **_FLAGS)(_decode)
 decode = getattr(_dispatcher.overloads.get(_dispatcher.signatures[0]), "entry_point", None) or _dispatcher
 
 
-def decode_split(threads: int, *args) -> int:
-    """`decode` with its sequences (or, for one sequence, its query/key heads) split over up to ``threads``
-    threads (no more than there are, or than numba has); same arguments after the thread count, same return.
-
-    Each thread runs the one serial build on its own slice of the batch (or heads), given as address offsets: no
-    parallel build to compile. The gates are all checked here first, so a bad one still leaves nothing written.
-    """
-    (q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp, normalize,
-     delta, scale, eps) = args
-    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width):
-        return BAD_GATE
+def split_of(args: tuple) -> tuple[int, int, int, int, int, int, int, int]:
+    """How `decode`'s work splits (`cpu_handoff`'s units): by sequence (B > 1), else by query/key head (Hq > 1), else
+    by value head of the one group (B = Hq = 1, e.g. Mamba-2's one group of B/C); as (kind, units, value heads per
+    query/key head, and the bytes per unit of q/k, v/o, g, beta and the state)."""
+    B, Hq, HV, D, Dv, gate_width, normalize = args[8], args[9], args[10], args[11], args[12], args[13], args[16]
     Dw = Dv + 1 if normalize else Dv
     group = HV // Hq
-    if B > 1:  # bytes per sequence of q/k, v/o, g, beta and the state; parts of the batch
-        qs, vs, gs, bs, ss, count = Hq * D * 4, HV * Dv * 4, HV * gate_width * 4, HV * 4, HV * D * Dw * 4, B
-    else:  # bytes per query/key head (and the value heads it serves); parts of the heads
-        qs, vs, gs, bs, ss, count = D * 4, group * Dv * 4, group * gate_width * 4, group * 4, group * D * Dw * 4, Hq
+    if B > 1:
+        return (cpu_handoff.KIND_BATCH, B, group, Hq * D * 4, HV * Dv * 4, HV * gate_width * 4, HV * 4,
+                HV * D * Dw * 4)
+    if Hq > 1:
+        return (cpu_handoff.KIND_QK_HEADS, Hq, group, D * 4, group * Dv * 4, group * gate_width * 4, group * 4,
+                group * D * Dw * 4)
+    return cpu_handoff.KIND_VALUE_HEADS, HV, group, 0, Dv * 4, gate_width * 4, 4, D * Dw * 4
+
+
+def _chunk(args: tuple, split: tuple, lo: int, hi: int) -> tuple:
+    """`decode`'s arguments for units ``lo`` to ``hi`` of ``split`` (`split_of`)."""
+    kind, _, group, qs, vs, gs, bs, ss = split
+    n = hi - lo
+    shape = (n, args[9], args[10]) if kind == cpu_handoff.KIND_BATCH else (
+        (1, n, n * group) if kind == cpu_handoff.KIND_QK_HEADS else (1, 1, n))
+    return (args[0] + lo * qs, args[1] + lo * qs, args[2] + lo * vs, args[3] + lo * gs, args[4] + lo * bs,
+            args[5] + lo * ss, args[6] + lo * ss, args[7] + lo * vs, *shape, *args[11:])
+
+
+def decode_split(threads: int, *args) -> int:
+    """`decode` with its work (`split_of`) split over up to ``threads`` threads (no more than numba has) of the
+    Python pool; same arguments after the thread count, same return.
+
+    Each thread runs the one serial build on its own slice, given as address offsets: no parallel build to compile.
+    The gates are all checked here first, so a bad one still leaves nothing written.
+    """
+    gate_width, g_at, B, HV = args[13], args[3], args[8], args[10]
+    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width):
+        return BAD_GATE
+    split = split_of(args)
     status = [OK]
 
     def part(lo: int, hi: int) -> None:
-        n = hi - lo
-        shape = (n, Hq, n * group) if B > 1 else (1, n, n * group)
-        res = decode(q_at + lo * qs, k_at + lo * qs, v_at + lo * vs, g_at + lo * gs if gate_width > 0 else g_at,
-                     beta_at + lo * bs if delta else beta_at, S_at + lo * ss, out_at + lo * ss, o_at + lo * vs,
-                     shape[0], shape[1], HV if B > 1 else shape[2], D, Dv, gate_width, code, clamp, normalize, delta,
-                     scale, eps)
+        res = decode(*_chunk(args, split, lo, hi))
         if res != OK:
             status[0] = res
 
-    cpu_threads.on_threads(part, count, min(threads, count, numba.config.NUMBA_NUM_THREADS))
+    cpu_threads.on_threads(part, split[1], min(threads, split[1], numba.config.NUMBA_NUM_THREADS))
     return status[0]
+
+
+def decode_handoff(threads: int, *args) -> int:
+    """`decode_split` with the work shared through `cpu_handoff` instead of the Python pool: cut in chunks of about
+    ``SPLIT_CHUNK_ENTRIES`` state entries, taken in turn by this thread and up to ``threads - 1`` workers that wait
+    awake for ``HANDOFF_SPIN_US`` after each call (then sleep), so a late worker costs at most a chunk."""
+    gate_width, g_at, B, HV = args[13], args[3], args[8], args[10]
+    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width):
+        return BAD_GATE
+    kind, units, group, *unit_bytes = split_of(args)
+    workers = min(threads, numba.config.NUMBA_NUM_THREADS, units) - 1
+    handoff = _handoff() if workers > 0 else None
+    per = max(1, min(units // (workers + 1), SPLIT_CHUNK_ENTRIES * 4 // max(unit_bytes[4], 1)))
+    status = None if handoff is None else handoff.run(args, (units, per, kind, group, *unit_bytes), workers)
+    if status is None:  # one unit, or another thread is inside the handoff: serially
+        status = decode(*args)
+    return status
+
+
+_HANDOFFS: dict = {}
+_HANDOFF_LOCK = threading.Lock()
+
+
+def _handoff():
+    """The process's handoff (its workers made on first use, one fewer than numba's threads; a forked child makes
+    its own), or None where it does not run."""
+    with _HANDOFF_LOCK:
+        h = _HANDOFFS.get(os.getpid())
+        if h is None and cpu_handoff.supported():
+            kernel = numba.cfunc(_SIGNATURE, **{n: f for n, f in _FLAGS.items() if n != "nogil"})(_decode)
+            h = _HANDOFFS[os.getpid()] = cpu_handoff.Handoff(kernel.address, numba.config.NUMBA_NUM_THREADS - 1,
+                                                               spin_us=HANDOFF_SPIN_US)
+            _HANDOFFS["kernels"] = kernel  # the C function lives as long as the workers that call it
+        return h
 
 
 def _bad_gate_values(g_at: int, count: int) -> bool:

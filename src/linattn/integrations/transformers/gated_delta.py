@@ -85,15 +85,15 @@ def recurrent_gated_delta_rule(
                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
                                       scale=scale, backend=backend)
     feature_map = "l2" if use_qk_l2norm_in_kernel else None
-    q, k, v, g, beta = query[:, 0], key[:, 0], value[:, 0], g[:, 0], beta[:, 0]
+    q, k, v, g, beta = query.select(1, 0), key.select(1, 0), value.select(1, 0), g.select(1, 0), beta.select(1, 0)
     if g.dtype not in (torch.float32, torch.float64):
         g = g.to(torch.float32)
     dec = None
     if initial_state is not None and output_final_state:
         dec = decoder(initial_state, initial_state, (q, k, v, g, beta), "gated_delta", feature_map, scale, backend)
     if dec is not None:  # contiguous rows: the layout of the one-call kernel at batch > 1
-        o = dec(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous())
-        return o[:, None].to(query.dtype), initial_state
+        o = dec(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()).unsqueeze(1)
+        return (o if o.dtype == query.dtype else o.to(query.dtype)), initial_state  # decode is all overhead: no op
     o, state = linattn.step(
         q, k, v, None if initial_state is None else State(initial_state), rule="gated_delta", g=g, beta=beta,
         feature_map=feature_map, scale=scale, state_dtype=torch.float32 if query.dtype != torch.float64 else None,
