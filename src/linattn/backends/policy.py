@@ -32,11 +32,11 @@ PREFILL_SPLIT_MIN_WORK = 1 << 17
 # 16M entries (64 MiB of state), 0.62-1.21x at 4M-8M and 1.07-15x below (benchmarks/results/decode_split_cpu.txt).
 # The general token loop's decode step (the cases the one-call kernel does not take) always runs serially: at 2
 # threads it was 4-5x slower at batch 1 and mixed at 4-16 sequences of the Qwen3-Next geometry.
-# Workers that wait awake (a bounded spin, then a futex sleep) and take chunks by compare-and-swap
-# (cpu_decode.decode_handoff) cut handing over to 34-38 us back to back, against the pool's 64-67 us, but lost to
+# Workers that wait awake (a bounded spin, then a futex sleep) and take chunks by compare-and-swap (measured at
+# revision 84c6ee8, not kept) cut handing over to 34-38 us back to back, against the pool's 64-67 us, but lost to
 # the serial step at every size up to 16.8M entries too, at a load average of 3 to 9 on the 2 cores (Mamba-2-2.7B's
 # layer 1.46-2.29x, Qwen3.5's 1.56-2.69x, Kimi's 1.55-3.04x the serial time; benchmarks/results/
-# decode_split_handoff_cpu.txt, scripts/decode_split_bench.py): it is not chosen here.
+# decode_split_handoff_cpu.txt): they are not in the library.
 DECODE_SPLIT_MIN_ENTRIES = 1 << 24
 
 # The Triton kernels run only when asked for (backend="triton") until a GPU run has measured them.

@@ -26,25 +26,18 @@ are checked here, before anything is written, because reading them costs a torch
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 
 import numba
 import numpy as np
 from numba import types
 
-from linattn.kernels import cpu_handoff, cpu_threads
+from linattn.kernels import cpu_threads
 
 # FEATURE_CODES: the codes decode.py asks this module for
 from linattn.kernels.cpu_intrinsics import FEATURE_CODES, exp32_jit, f32_pointer, features_jit  # noqa: F401
 
 OK, BAD_GATE = 0, 1
-# How long a split step's worker waits awake for the next step before it sleeps (bounded: an idle worker burns no
-# core).
-HANDOFF_SPIN_US = 100.0
-# The state entries of a split step's chunk: small enough that a late worker holds the caller up little, large
-# enough that a chunk's call overhead (about a microsecond) stays small.
-SPLIT_CHUNK_ENTRIES = 1 << 15
+KIND_BATCH, KIND_QK_HEADS, KIND_VALUE_HEADS = 0, 1, 2  # how a split step cuts its work (split_of)
 # contract: fused multiply-adds; reassoc + nsz: reductions vectorize (a sum that starts at +0.0 needs nsz). No
 # nnan/ninf: NaN and Inf inputs still propagate, and the NaN tests below stay tests.
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc", "nsz"})
@@ -284,27 +277,27 @@ decode = getattr(_dispatcher.overloads.get(_dispatcher.signatures[0]), "entry_po
 
 
 def split_of(args: tuple) -> tuple[int, int, int, int, int, int, int, int]:
-    """How `decode`'s work splits (`cpu_handoff`'s units): by sequence (B > 1), else by query/key head (Hq > 1), else
+    """How `decode`'s work splits : by sequence (B > 1), else by query/key head (Hq > 1), else
     by value head of the one group (B = Hq = 1, e.g. Mamba-2's one group of B/C); as (kind, units, value heads per
     query/key head, and the bytes per unit of q/k, v/o, g, beta and the state)."""
     B, Hq, HV, D, Dv, gate_width, normalize = args[8], args[9], args[10], args[11], args[12], args[13], args[16]
     Dw = Dv + 1 if normalize else Dv
     group = HV // Hq
     if B > 1:
-        return (cpu_handoff.KIND_BATCH, B, group, Hq * D * 4, HV * Dv * 4, HV * gate_width * 4, HV * 4,
+        return (KIND_BATCH, B, group, Hq * D * 4, HV * Dv * 4, HV * gate_width * 4, HV * 4,
                 HV * D * Dw * 4)
     if Hq > 1:
-        return (cpu_handoff.KIND_QK_HEADS, Hq, group, D * 4, group * Dv * 4, group * gate_width * 4, group * 4,
+        return (KIND_QK_HEADS, Hq, group, D * 4, group * Dv * 4, group * gate_width * 4, group * 4,
                 group * D * Dw * 4)
-    return cpu_handoff.KIND_VALUE_HEADS, HV, group, 0, Dv * 4, gate_width * 4, 4, D * Dw * 4
+    return KIND_VALUE_HEADS, HV, group, 0, Dv * 4, gate_width * 4, 4, D * Dw * 4
 
 
 def _chunk(args: tuple, split: tuple, lo: int, hi: int) -> tuple:
     """`decode`'s arguments for units ``lo`` to ``hi`` of ``split`` (`split_of`)."""
     kind, _, group, qs, vs, gs, bs, ss = split
     n = hi - lo
-    shape = (n, args[9], args[10]) if kind == cpu_handoff.KIND_BATCH else (
-        (1, n, n * group) if kind == cpu_handoff.KIND_QK_HEADS else (1, 1, n))
+    shape = (n, args[9], args[10]) if kind == KIND_BATCH else (
+        (1, n, n * group) if kind == KIND_QK_HEADS else (1, 1, n))
     return (args[0] + lo * qs, args[1] + lo * qs, args[2] + lo * vs, args[3] + lo * gs, args[4] + lo * bs,
             args[5] + lo * ss, args[6] + lo * ss, args[7] + lo * vs, *shape, *args[11:])
 
@@ -329,40 +322,6 @@ def decode_split(threads: int, *args) -> int:
 
     cpu_threads.on_threads(part, split[1], min(threads, split[1], numba.config.NUMBA_NUM_THREADS))
     return status[0]
-
-
-def decode_handoff(threads: int, *args) -> int:
-    """`decode_split` with the work shared through `cpu_handoff` instead of the Python pool: cut in chunks of about
-    ``SPLIT_CHUNK_ENTRIES`` state entries, taken in turn by this thread and up to ``threads - 1`` workers that wait
-    awake for ``HANDOFF_SPIN_US`` after each call (then sleep), so a late worker costs at most a chunk."""
-    gate_width, g_at, B, HV = args[13], args[3], args[8], args[10]
-    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width):
-        return BAD_GATE
-    kind, units, group, *unit_bytes = split_of(args)
-    workers = min(threads, numba.config.NUMBA_NUM_THREADS, units) - 1
-    handoff = _handoff() if workers > 0 else None
-    per = max(1, min(units // (workers + 1), SPLIT_CHUNK_ENTRIES * 4 // max(unit_bytes[4], 1)))
-    status = None if handoff is None else handoff.run(args, (units, per, kind, group, *unit_bytes), workers)
-    if status is None:  # one unit, or another thread is inside the handoff: serially
-        status = decode(*args)
-    return status
-
-
-_HANDOFFS: dict = {}
-_HANDOFF_LOCK = threading.Lock()
-
-
-def _handoff():
-    """The process's handoff (its workers made on first use, one fewer than numba's threads; a forked child makes
-    its own), or None where it does not run."""
-    with _HANDOFF_LOCK:
-        h = _HANDOFFS.get(os.getpid())
-        if h is None and cpu_handoff.supported():
-            kernel = numba.cfunc(_SIGNATURE, **{n: f for n, f in _FLAGS.items() if n != "nogil"})(_decode)
-            h = _HANDOFFS[os.getpid()] = cpu_handoff.Handoff(kernel.address, numba.config.NUMBA_NUM_THREADS - 1,
-                                                               spin_us=HANDOFF_SPIN_US)
-            _HANDOFFS["kernels"] = kernel  # the C function lives as long as the workers that call it
-        return h
 
 
 def _bad_gate_values(g_at: int, count: int) -> bool:
