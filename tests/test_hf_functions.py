@@ -310,6 +310,24 @@ def test_convolution_prefill_and_update(dtype, activation, with_bias):
     assert rel(y_t[..., 0], full[..., -1]) <= tol
 
 
+@pytest.mark.parametrize("L", [1, 2, 3, 5, 130])
+@pytest.mark.parametrize("C", [1, 7])
+@pytest.mark.parametrize("layout", ["view", "contiguous"])
+def test_convolution_prefill_short_and_odd(L, C, layout):
+    """Prefill shorter than the kernel, odd channel counts, HF's transposed view (read in place) and a contiguous
+    [B, C, L] tensor (as HF's cache hands back after padding or concatenating) against HF's code in float64."""
+    gen = torch.Generator().manual_seed(L * 10 + C)
+    K = 4
+    x = torch.randn(3, L, C, generator=gen).transpose(1, 2)
+    if layout == "contiguous":
+        x = x.contiguous()
+    w, b = torch.randn(C, K, generator=gen), torch.randn(C, generator=gen)
+    for activation in ("silu", None):
+        y = lt.causal_conv1d_fn(x, w, b, activation=activation)
+        ref = hf(MAMBA, "causal_conv1d_fn")(x.double(), w.double(), b.double(), activation)
+        assert y.shape == (3, C, L) and y.dtype == torch.float32 and rel(y, ref) <= 1e-6
+
+
 @pytest.mark.parametrize("packing", ["seq_idx", "cu_seq_lens_q"])
 def test_convolution_packed_equals_each_sequence_alone_and_grads(packing):
     gen = torch.Generator().manual_seed(11)

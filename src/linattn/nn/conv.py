@@ -1,16 +1,21 @@
 """The short causal convolution (depthwise, with SiLU) that fla's and Qwen3-Next's linear layers put before q, k
 and v (Mamba-2's and LFM2's with a bias, LFM2's without the SiLU): a torch form (any dtype and device, any order
 of derivative) and, for float32 CPU tensors, one compiled pass each way (`linattn.kernels.cpu_conv`); a double
-backward recomputes in the torch form. `conv_update` runs one decode token through a rolling window of inputs in
+backward recomputes in the torch form. Outside autograd the compiled pass reads x where it lies (channels adjacent
+in memory, as HF's transposed ``[B, C, T]`` view), the history apart (no concatenated copy), applies the SiLU
+itself and splits the tokens over the threads torch is allowed. `conv_update` runs one decode token through a rolling window of inputs in
 place. Which runs is `linattn.backends`' decision (``backend=`` as everywhere in linattn).
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.nn.functional as F
 
-from linattn import backends
+from linattn import backends, buffers
 from linattn.backends import cpu as cpu_backend
 from linattn.buffers import array
 
@@ -47,16 +52,77 @@ def causal_conv(x, weight, history=None, cu_seqlens=None, *, bias=None, activati
         raise ValueError(f"activation must be \"silu\" or None, got {activation!r}")
     B, T, C = x.shape
     K = weight.shape[-1]
+    silu = activation == "silu"
+    offs = None if cu_seqlens is None else sequence_offsets(cu_seqlens, T)
+    plan = backends.plan_conv(backend, x, weight, bias)
+    if plan.kernel == "cpu" and not (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias, history))):
+        # Outside autograd: x read where it lies, the history read apart (no concatenated copy), SiLU in the pass
+        y = _compiled_forward(x, history, weight, bias, offs, silu, cpu_backend.kernel("cpu_conv"))
+        return y, _tail(x, history, K)
     if history is None:
         history = x.new_zeros(B, K - 1, C)
     xs = torch.cat([history.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
     tail = xs[:, T:] if K > 1 else xs[:, :0]
-    offs = None if cu_seqlens is None else sequence_offsets(cu_seqlens, T)
-    plan = backends.plan_conv(backend, x, weight, bias)
-    silu = activation == "silu"
     if plan.kernel == "cpu":
         return _CompiledConv.apply(xs, weight, bias, offs, silu, cpu_backend.kernel("cpu_conv")), tail
     return conv_torch(xs, weight, offs, bias, silu), tail
+
+
+def _tail(x: torch.Tensor, history: torch.Tensor | None, K: int) -> torch.Tensor:
+    """The last K-1 inputs of history then x, ``[B, K-1, C]`` (zeros before the first input)."""
+    B, T, C = x.shape
+    if T >= K - 1:
+        return x[:, T - (K - 1):].clone()
+    before = x.new_zeros(B, K - 1 - T, C) if history is None else history[:, T:].to(x.dtype)
+    return torch.cat([before, x], dim=1)
+
+
+# Tokens per thread below which a second thread costs more than it saves (a thread's start and join is tens of
+# microseconds; a token of 5376 channels takes about a microsecond)
+_MIN_TOKENS_PER_THREAD = 64
+
+
+def _compiled_forward(x, history, weight, bias, offs, silu, kernel) -> torch.Tensor:
+    """The compiled pass outside autograd: ``y [B, T, C]`` (contiguous) from ``x [B, T, C]`` read in place when
+    its channels are adjacent (a transposed ``[B, C, T]`` tensor as HF passes it), else from one copy."""
+    B, T, C = x.shape
+    K = weight.shape[-1]
+    x = x.detach().resolve_neg()
+    if x.stride(2) != 1 and C > 1:
+        x = x.contiguous()
+    wT = weight.detach().resolve_neg().t().contiguous()
+    b = bias.detach().resolve_neg().contiguous() if bias is not None else torch.zeros(C, dtype=x.dtype)
+    hist = (history.detach().resolve_neg().to(x.dtype).contiguous() if history is not None and K > 1
+            else torch.zeros(1, 1, 1, dtype=x.dtype))
+    y = buffers.empty((B, T, C), x.dtype)
+    if T == 0 or C == 0 or B == 0:
+        return y
+    off = offs.numpy() if offs is not None else _NO_OFFSETS
+    args = (x.data_ptr(), x.stride(0), x.stride(1), B, array(hist), history is not None and K > 1, array(wT), array(b),
+            off, offs is not None, silu)
+    out = array(y)
+    threads = min(cpu_backend.available_threads(), max(1, T // _MIN_TOKENS_PER_THREAD))
+    bounds = [T * i // threads for i in range(threads + 1)]
+    parts = [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True) if hi > lo]
+    futures = [_pool().submit(kernel.forward, *args, lo, hi, out, _NO_PRE, False) for lo, hi in parts[1:]]
+    kernel.forward(*args, *parts[0], out, _NO_PRE, False)
+    for f in futures:
+        f.result()
+    return y
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's threads for the compiled pass (the kernel releases the GIL); a forked child makes its own."""
+    pool = _POOLS.get(os.getpid())
+    if pool is None:
+        _POOLS.clear()
+        pool = _POOLS[os.getpid()] = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() - 1),
+                                                        thread_name_prefix="linattn-conv")
+    return pool
 
 
 def conv_torch(xs: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor | None, bias: torch.Tensor | None = None,
@@ -111,16 +177,18 @@ class _CompiledConv(torch.autograd.Function):
         xs_c, wT = xs.detach().resolve_neg().contiguous(), weight.detach().resolve_neg().t().contiguous()
         b = bias.detach().resolve_neg().contiguous() if bias is not None else torch.zeros(C, dtype=xs.dtype)
         off = offs.numpy() if offs is not None else _NO_OFFSETS
-        pre = torch.empty(B, TK - K + 1, C, dtype=xs.dtype)
-        kernel.forward(array(xs_c), array(wT), array(b), off, offs is not None, array(pre))
-        sig = torch.sigmoid(pre) if silu else pre
-        ctx.save_for_backward(xs, weight, bias, pre, sig)
+        T = TK - K + 1
+        pre, y = torch.empty(B, T, C, dtype=xs.dtype), torch.empty(B, T, C, dtype=xs.dtype)
+        hist = xs_c[:, :K - 1].contiguous() if K > 1 else torch.zeros(1, 1, 1, dtype=xs.dtype)
+        kernel.forward(xs_c[:, K - 1:].data_ptr(), TK * C, C, B, array(hist), K > 1, array(wT), array(b), off,
+                       offs is not None, silu, 0, T, array(y), array(pre), True)
+        ctx.save_for_backward(xs, weight, bias, pre)
         ctx.offs, ctx.silu, ctx.kernel, ctx.arrays = offs, silu, kernel, (xs_c, wT)  # the backward reads them too
-        return pre * sig if silu else pre.clone()
+        return y
 
     @staticmethod
     def backward(ctx, gy):
-        xs, weight, bias, pre, sig = ctx.saved_tensors
+        xs, weight, bias, pre = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: differentiate the torch form, so higher derivatives are exact
             inputs = (xs, weight, bias)
             wanted = [t for t in inputs if t is not None and t.requires_grad]
@@ -133,9 +201,10 @@ class _CompiledConv(torch.autograd.Function):
         gb = torch.empty(C, dtype=xs.dtype)
         off = ctx.offs.numpy() if ctx.offs is not None else _NO_OFFSETS
         xs_c, wT = ctx.arrays
-        ctx.kernel.backward(array(xs_c), array(wT), off, ctx.offs is not None, ctx.silu, array(pre), array(sig),
+        ctx.kernel.backward(array(xs_c), array(wT), off, ctx.offs is not None, ctx.silu, array(pre),
                             array(gy.resolve_neg().contiguous()), array(gxs), array(gwT), array(gb))
         return gxs, gwT.t(), (gb if bias is not None else None), None, None, None
 
 
 _NO_OFFSETS = torch.zeros(1, dtype=torch.int64).numpy()
+_NO_PRE = torch.zeros(1, 1, 1).numpy()
