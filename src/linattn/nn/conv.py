@@ -3,8 +3,8 @@ and v (Mamba-2's and LFM2's with a bias, LFM2's without the SiLU): a torch form 
 of derivative) and, for float32 CPU tensors, one compiled pass each way (`linattn.kernels.cpu_conv`); a double
 backward recomputes in the torch form. Outside autograd the compiled pass reads x where it lies (channels adjacent
 in memory, as HF's transposed ``[B, C, T]`` view), the history apart (no concatenated copy), applies the SiLU
-itself and splits the tokens over the threads torch is allowed. `conv_update` runs one decode token through a rolling window of inputs in
-place. Which runs is `linattn.backends`' decision (``backend=`` as everywhere in linattn).
+itself and splits the tokens over the threads torch is allowed. `conv_update` runs one decode token through a
+rolling window of inputs in place. Which runs is `linattn.backends`' decision (``backend=`` as everywhere in linattn).
 """
 
 from __future__ import annotations
