@@ -30,6 +30,7 @@ import numba, torch
 import torch.nn.functional as F
 from linattn.integrations import transformers as lt
 threads, T, repeats, wanted = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5].split(";")
+with_hf = sys.argv[6] == "1"
 torch.set_num_threads(threads)
 numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 def hf(model, name):
@@ -67,14 +68,15 @@ cases["conv, silu"] = (lambda: conv(xc, w, b, "silu"), lambda: lt.causal_conv1d_
 out = {}
 with torch.no_grad():
     for name in wanted:
-        fns = cases[name]
+        fns = cases[name] if with_hf else (lambda: None, cases[name][1])
         for f in fns:
             f()
         samples = [[], []]
         for _ in range(repeats):
             for f, s in zip(fns, samples):
                 t0 = time.perf_counter(); f(); s.append((time.perf_counter() - t0) * 1e3)
-        out[name] = [statistics.median(s) for s in samples] + [os.getloadavg()[0]]
+        out[name] = [statistics.median(s) if with_hf or i else float("nan") for i, s in enumerate(samples)]
+        out[name].append(os.getloadavg()[0])
 print(json.dumps(out))
 '''
 
@@ -97,6 +99,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="processes per tree and thread count, alternating")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per function in a process")
     parser.add_argument("--cases", default=";".join(CASES), help=f"';'-separated, of: {'; '.join(CASES)}")
+    parser.add_argument("--skip-hf", action="store_true", help="time only the trees' functions (HF's take seconds)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
@@ -107,7 +110,7 @@ def main() -> None:
         for r in range(args.rounds):
             for tree in (("base", "this") if r % 2 == 0 else ("this", "base")):
                 cmd = [sys.executable, "-c", CHILD, trees[tree], str(threads), str(args.T), str(args.repeats),
-                       args.cases]
+                       args.cases, "0" if args.skip_hf else "1"]
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if proc.returncode:
                     sys.exit(f"{tree} tree, {threads} threads:\n{proc.stderr}")
