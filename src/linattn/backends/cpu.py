@@ -140,6 +140,23 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     return a if shape is None else a.reshape(shape)
 
 
+def f32_joint(*pairs):
+    """`f32` of several ``(tensor, shape)`` pairs, the tensors that need a copy (strided views such as q, k and v
+    split from one projection, or another dtype) copied into one fresh buffer: large enough together to be advised
+    onto huge pages (`linattn.buffers`), where each copy alone would fault in 4 KiB pages on every call."""
+    copy = [x.is_neg() or x.dtype != torch.float32 or not x.is_contiguous() for x, _ in pairs]
+    if sum(copy) < 2:
+        return [f32(x, shape) for x, shape in pairs]
+    sizes = [x.numel() if c else 0 for (x, _), c in zip(pairs, copy, strict=True)]
+    joint, at, out = buffers.empty((sum(sizes),)), 0, []
+    for (x, shape), n, c in zip(pairs, sizes, copy, strict=True):
+        if c:
+            x = joint[at:at + n].view(x.shape).copy_(x.resolve_neg())
+            at += n
+        out.append(f32(x, shape))
+    return out
+
+
 # The feature maps the compiled prefill applies itself, by the name it knows them by (matched by identity: a
 # user's callable need not be hashable).
 KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feature_maps.l2, "l2"))
@@ -175,9 +192,12 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
         return with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq)
     ST = to_kernel_layout(state)  # the prefill kernel's layout (a copy: state is not ours)
     o = buffers.empty((B * T, H, Dv))
-    view = bf16_bits if raw else f32
+    if raw:
+        qa, ka, va = bf16_bits(qf, (B * T, Hq, Dk)), bf16_bits(kf, (B * T, Hq, Dk)), bf16_bits(v, (*flat, Dv))
+    else:
+        qa, ka, va = f32_joint((qf, (B * T, Hq, Dk)), (kf, (B * T, Hq, Dk)), (v, (*flat, Dv)))
     threads = loop_threads(B * T * H * ST.shape[-2] * Dk, (len(cu) - 1) * H * max(1, Dv // 32))
-    _numba.prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)), f32(g, (*flat, -1)),
+    _numba.prefill(qa, ka, va, f32(g, (*flat, -1)),
                    f32(beta, flat), cu, buffers.array(ST), buffers.array(o), scale=scale, eps=float(eps),
                    clamp=eps_mode == "clamp", normalize=normalize, fmap=in_kernel, threads=threads)
     o = o.view(B, T, H, Dv)
