@@ -160,3 +160,96 @@ def test_update_refusal_reads_the_token_too(monkeypatch):
         assert torch.equal(window, before)
         with pytest.raises(ValueError, match=f"backend='cpu' cannot run this call: .*{why}"):
             conv_update(bad, window, w, b, "silu", backend="cpu")
+
+
+def _no_grad_reference(x, w, h, b, silu, offs=None):
+    hist = torch.zeros(x.shape[0], w.shape[1] - 1, x.shape[2], dtype=torch.float64) if h is None else h.double()
+    return conv_torch(torch.cat([hist, x.double()], 1), w.double(), offs, None if b is None else b.double(), silu)
+
+
+@pytest.mark.parametrize("B,T,C,K", [(1, 1, 5, 4), (2, 2, 9, 4), (3, 3, 1, 4), (2, 7, 13, 3), (1, 130, 97, 4),
+                                     (2, 5, 7, 1), (1, 0, 4, 4)])
+@pytest.mark.parametrize("silu", [True, False])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("with_history", [True, False])
+def test_inference_pass_matches_float64(B, T, C, K, silu, with_bias, with_history, monkeypatch):
+    """Outside autograd the compiled pass reads x in place, the history apart and fuses the SiLU: values and the
+    new history against the float64 torch form, at sizes below and around the kernel width."""
+    calls = []
+    monkeypatch.setattr(cpu_conv, "forward", _counting(cpu_conv.forward, calls))
+    x, w, h = _inputs(B, T, C, K, seed=B * 100 + T)
+    b = torch.randn(C) if with_bias else None
+    h = h if with_history else None
+    with torch.no_grad():
+        y, tail = causal_conv(x, w, h, bias=b, activation="silu" if silu else None)
+    assert (not T or calls) and y.shape == (B, T, C) and y.is_contiguous()
+    ref = _no_grad_reference(x, w, h, b, silu)
+    assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-5)
+    hist = torch.zeros(B, K - 1, C) if h is None else h
+    assert torch.equal(tail, torch.cat([hist, x], 1)[:, T:])
+
+
+@pytest.mark.parametrize("layout", ["channel_slice", "sliced", "channel_strided"])
+def test_inference_pass_reads_strided_inputs(layout):
+    """Inputs whose channels are adjacent in memory (a slice of wider rows, as q, k, v split from one projection;
+    a window along time) are read where they lie; channels apart in memory are copied once. Values as for a
+    contiguous copy."""
+    B, T, C, K = 2, 11, 6, 4
+    g = torch.Generator().manual_seed(21)
+    if layout == "channel_slice":  # token stride is not C
+        x = torch.randn(B, T, C + 7, generator=g)[:, :, 2:2 + C]
+    elif layout == "sliced":  # a window of a longer buffer: batch stride is not T * C
+        x = torch.randn(B, T + 5, C, generator=g)[:, 3:3 + T]
+    else:  # channels apart: the copy path
+        x = torch.randn(B, C, T, generator=g).transpose(1, 2)
+    w, b = torch.randn(C, K, generator=g), torch.randn(C, generator=g)
+    with torch.no_grad():
+        y, _ = causal_conv(x, w, bias=b)
+    ref = _no_grad_reference(x.contiguous(), w, None, b, True)
+    assert (y.double() - ref).abs().max() <= 1e-5 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("lengths", [[5, 1, 0, 9], [1, 1, 1], [2, 3], [0, 4, 0], [70, 1, 129]])
+def test_inference_pass_restarts_at_packed_boundaries(lengths, monkeypatch):
+    """Packed sequences outside autograd, on three threads (the token ranges split inside sequences): each
+    sequence as if alone."""
+    from linattn.backends import cpu as cpu_backend
+
+    monkeypatch.setattr(cpu_backend, "available_threads", lambda: 3)
+    K, C = 4, 11
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    T = int(cu[-1])
+    x, w, _ = _inputs(1, T, C, K, seed=4)
+    b = torch.randn(C)
+    with torch.no_grad():
+        y, _ = causal_conv(x, w, None, cu, bias=b)
+    for a, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        if a == e:
+            continue
+        ref = _no_grad_reference(x[:, a:e], w, None, b, True)
+        assert (y[:, a:e].double() - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+def test_inference_pass_on_threads_equals_one_thread(monkeypatch):
+    """The token ranges on several threads give the bits of one thread (each token's sum in the same order)."""
+    from linattn.backends import cpu as cpu_backend
+
+    x, w, h = _inputs(2, 300, 33, 4, seed=9)
+    with torch.no_grad():
+        monkeypatch.setattr(cpu_backend, "available_threads", lambda: 1)
+        one, _ = causal_conv(x, w, h)
+        monkeypatch.setattr(cpu_backend, "available_threads", lambda: 4)
+        many, _ = causal_conv(x, w, h)
+    assert torch.equal(one, many)
+
+
+def test_silu_saturates_and_propagates_nan():
+    """SiLU at large magnitudes (the kernel's exp clamps its argument) and NaN, as torch computes them."""
+    C, K = 8, 1
+    x = torch.tensor([[[-1e4, -200.0, -88.0, -20.0, 20.0, 100.0, 1e4, float("nan")]]])
+    w = torch.ones(C, K)
+    with torch.no_grad():
+        y, _ = causal_conv(x, w)
+    ref = torch.nn.functional.silu(x.double())
+    assert torch.isnan(y[0, 0, -1])
+    assert (y[..., :-1].double() - ref[..., :-1]).abs().max() <= 1e-30 + 1e-6 * ref[..., :-1].abs().max()

@@ -97,6 +97,31 @@ def test_mamba2_chunk_scan_gradients_match_the_loop():
         assert rel(got, want) <= 1e-10
 
 
+@pytest.mark.parametrize("grad_on", [None, "D", "hidden_states"])
+def test_mamba2_chunk_scan_leaves_its_inputs_and_grads_only_what_asked(grad_on):
+    """Outside autograd the skip term is added into linattn's own output and dt x goes to a fresh buffer: the
+    inputs keep their values, and one input requiring grad (the skip weight D alone, or x) still gets the
+    loop's gradient, with the same output either way (float32 on the compiled kernel)."""
+    gen = torch.Generator().manual_seed(17)
+    x, dt, A, Bm, Cm, D, dt_bias, _ = (t.float() for t in ssm_inputs(13, gen))
+    kept = [t.clone() for t in (x, dt, A, Bm, Cm, D, dt_bias)]
+    named = {"D": D, "hidden_states": x}
+    if grad_on:
+        named[grad_on].requires_grad_()
+    y = lt.mamba2_chunk_scan(x, dt, A, Bm, Cm, chunk_size=8, D=D, dt_bias=dt_bias, dt_softplus=True)
+    for now, before in zip((x, dt, A, Bm, Cm, D, dt_bias), kept, strict=True):
+        assert torch.equal(now, before)
+    y_ref, _ = ssm_loop(*(t.detach().double() for t in (x, dt, A, Bm, Cm, D, dt_bias)), None)
+    assert rel(y, y_ref) <= 1e-5
+    if grad_on:
+        (got,) = torch.autograd.grad(y.double().pow(2).sum(), named[grad_on])
+        leaf = named[grad_on].detach().double().requires_grad_()
+        args = [t.detach().double() for t in (x, dt, A, Bm, Cm, D, dt_bias)]
+        args[0 if grad_on == "hidden_states" else 5] = leaf
+        (want,) = torch.autograd.grad(ssm_loop(*args, None)[0].pow(2).sum(), leaf)
+        assert rel(got, want) <= 1e-4
+
+
 @pytest.mark.parametrize("packing", ["seq_idx", "cu_seqlens", "cu_seq_lens_q"])
 def test_mamba2_chunk_scan_packed_equals_each_sequence_alone(packing):
     gen = torch.Generator().manual_seed(4)
@@ -217,6 +242,26 @@ def delta_ref(q, k, v, g, beta, S0):
     return torch.from_numpy(np.asarray(o)), torch.from_numpy(np.asarray(S))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B", [1, 2])
+def test_gated_delta_prefill_on_split_views(dtype, B):
+    """q, k, v as HF's Gated DeltaNet layer passes them (views split from one projection: strided rows), copied
+    together into one buffer for the compiled loop: the float64 reference's values, the projection untouched."""
+    gen = torch.Generator().manual_seed(23 + B)
+    T, H, HV, K, Dv = 37, 2, 4, 8, 6
+    proj = torch.randn(B, T, 2 * H * K + HV * Dv + 3, generator=gen).to(dtype)
+    kept = proj.clone()
+    q, k, v = (t.reshape(B, T, -1, d) for t, d in zip(proj[..., 3:].split([H * K, H * K, HV * Dv], -1), (K, K, Dv),
+                                                       strict=True))
+    g = -torch.rand(B, T, HV, generator=gen) * 0.5
+    beta = torch.rand(B, T, HV, generator=gen)
+    o, S = lt.chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o_ref, S_ref = delta_ref(*(t.double() for t in (q, k, v, g, beta)), None)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert o.dtype == dtype and rel(o, o_ref) <= tol and rel(S, S_ref) <= 1e-5
+    assert torch.equal(proj, kept)
+
+
 @pytest.mark.parametrize("family", ["kda", "gated_delta"])
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 13])
 @pytest.mark.parametrize("with_state", [False, True])
@@ -329,6 +374,24 @@ def test_convolution_prefill_and_update(dtype, activation, with_bias):
     assert window.data_ptr() == ptr and torch.equal(window, hf_window)
     full = hf(MAMBA, "causal_conv1d_fn")(x, w, b, activation)
     assert rel(y_t[..., 0], full[..., -1]) <= tol
+
+
+@pytest.mark.parametrize("L", [1, 2, 3, 5, 130])
+@pytest.mark.parametrize("C", [1, 7])
+@pytest.mark.parametrize("layout", ["view", "contiguous"])
+def test_convolution_prefill_short_and_odd(L, C, layout):
+    """Prefill shorter than the kernel, odd channel counts, HF's transposed view (read in place) and a contiguous
+    [B, C, L] tensor (as HF's cache hands back after padding or concatenating) against HF's code in float64."""
+    gen = torch.Generator().manual_seed(L * 10 + C)
+    K = 4
+    x = torch.randn(3, L, C, generator=gen).transpose(1, 2)
+    if layout == "contiguous":
+        x = x.contiguous()
+    w, b = torch.randn(C, K, generator=gen), torch.randn(C, generator=gen)
+    for activation in ("silu", None):
+        y = lt.causal_conv1d_fn(x, w, b, activation=activation)
+        ref = hf(MAMBA, "causal_conv1d_fn")(x.double(), w.double(), b.double(), activation)
+        assert y.shape == (3, C, L) and y.dtype == torch.float32 and rel(y, ref) <= 1e-6
 
 
 @pytest.mark.parametrize("packing", ["seq_idx", "cu_seq_lens_q"])

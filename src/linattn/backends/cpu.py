@@ -130,9 +130,28 @@ def f32(x: torch.Tensor | None, shape: tuple[int, ...] | None = None):
     if x is None:
         return None
     if x.dtype != torch.float32 or not x.is_contiguous():
-        x = x.to(torch.float32).contiguous()
+        # one pass into a fresh buffer: torch's contiguous() of a strided float32 view (q, k, v split from one
+        # projection, as HF's layers pass them) took 2-3x as long at prefill sizes
+        x = torch.empty(tuple(x.shape), dtype=torch.float32).copy_(x)
     a = buffers.readable(x)  # (a negative view's values copied: its memory holds them negated)
     return a if shape is None else a.reshape(shape)
+
+
+def f32_joint(*pairs):
+    """`f32` of several ``(tensor, shape)`` pairs, the tensors that need a copy (strided views such as q, k and v
+    split from one projection, or another dtype) copied into one fresh buffer: large enough together to be advised
+    onto huge pages (`linattn.buffers`), where each copy alone would fault in 4 KiB pages on every call."""
+    copy = [x.is_neg() or x.dtype != torch.float32 or not x.is_contiguous() for x, _ in pairs]
+    if sum(copy) < 2:
+        return [f32(x, shape) for x, shape in pairs]
+    sizes = [x.numel() if c else 0 for (x, _), c in zip(pairs, copy, strict=True)]
+    joint, at, out = buffers.empty((sum(sizes),)), 0, []
+    for (x, shape), n, c in zip(pairs, sizes, copy, strict=True):
+        if c:
+            x = joint[at:at + n].view(x.shape).copy_(x.resolve_neg())
+            at += n
+        out.append(f32(x, shape))
+    return out
 
 
 # The feature maps the compiled prefill applies itself, by the name it knows them by (matched by identity: a
@@ -143,6 +162,38 @@ KERNEL_MAPS = ((feature_maps.relu1, "relu1"), (feature_maps.elu1, "elu1"), (feat
 def bf16_bits(x: torch.Tensor, shape: tuple[int, ...]):
     """A bfloat16 tensor's bits as a contiguous int16 NumPy view (a copy only when not contiguous), reshaped."""
     return buffers.array(buffers.values(x.detach()).contiguous().view(torch.int16)).reshape(shape)
+
+
+_NO_OFFSETS = np.zeros(1, dtype=np.int64)
+_NO_PRE = np.zeros((1, 1, 1), dtype=np.float32)
+
+
+def conv_forward(x: torch.Tensor, history: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
+                 offs: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    """The compiled convolution outside autograd (`linattn.nn.conv.causal_conv`'s arguments; ``offs``: each
+    token's offset in its packed sequence): ``y [B, T, C]`` (contiguous) from ``x [B, T, C]`` read in place when
+    its channels are adjacent (a transposed ``[B, C, T]`` tensor as HF passes it), else from one copy; the history
+    read apart, the SiLU in the pass, the tokens split over threads (`policy.conv_threads`)."""
+    B, T, C = x.shape
+    K = weight.shape[-1]
+    x = buffers.values(x.detach())
+    if x.stride(2) != 1 and C > 1:
+        x = x.contiguous()
+    wT = buffers.values(weight.detach()).t().contiguous()
+    b = buffers.values(bias.detach()).contiguous() if bias is not None else torch.zeros(C, dtype=x.dtype)
+    with_history = history is not None and K > 1
+    hist = (buffers.values(history.detach()).to(x.dtype).contiguous() if with_history
+            else torch.zeros(1, 1, 1, dtype=x.dtype))
+    y = buffers.empty((B, T, C), x.dtype)
+    if T == 0 or C == 0 or B == 0:
+        return y
+    off = offs.numpy() if offs is not None else _NO_OFFSETS
+    args = (x.data_ptr(), x.stride(0), x.stride(1), B, buffers.array(hist), with_history, buffers.array(wT),
+            buffers.array(b), off, offs is not None, silu)
+    out, conv = buffers.array(y), kernel("cpu_conv")
+    kernel("cpu_threads").on_threads(lambda lo, hi: conv.forward(*args, lo, hi, out, _NO_PRE, False), T,
+                                     policy.conv_threads(T, available_threads()))
+    return y
 
 
 def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, eps, eps_mode, grad,
@@ -170,12 +221,14 @@ def prefill(q, k, v, g, beta, state, fmap: Callable | None, scale, normalize, ep
         return with_backward(qf, kf, v, g, beta, state, cu, scale, normalize, eps, eps_mode, B, T, H, Hq)
     ST = to_kernel_layout(state)  # the prefill kernel's layout (a copy: state is not ours)
     o = buffers.empty((B * T, H, Dv))
-    view = bf16_bits if raw else f32
+    if raw:
+        qa, ka, va = bf16_bits(qf, (B * T, Hq, Dk)), bf16_bits(kf, (B * T, Hq, Dk)), bf16_bits(v, (*flat, Dv))
+    else:
+        qa, ka, va = f32_joint((qf, (B * T, Hq, Dk)), (kf, (B * T, Hq, Dk)), (v, (*flat, Dv)))
     threads = loop_threads(B * T, len(cu) - 1, H, Dk, ST.shape[-2], value_rows=Dv)
-    kernel("cpu_prefill").prefill(view(qf, (B * T, Hq, Dk)), view(kf, (B * T, Hq, Dk)), view(v, (*flat, Dv)),
-                                  f32(g, (*flat, -1)), f32(beta, flat), cu, buffers.array(ST), buffers.array(o),
-                                  scale=scale, eps=float(eps), clamp=eps_mode == "clamp", normalize=normalize,
-                                  fmap=in_kernel, threads=threads)
+    kernel("cpu_prefill").prefill(qa, ka, va, f32(g, (*flat, -1)), f32(beta, flat), cu, buffers.array(ST),
+                                  buffers.array(o), scale=scale, eps=float(eps), clamp=eps_mode == "clamp",
+                                  normalize=normalize, fmap=in_kernel, threads=threads)
     o = o.view(B, T, H, Dv)
     if v.dtype != torch.float32:
         o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)

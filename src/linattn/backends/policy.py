@@ -39,6 +39,18 @@ PREFILL_SPLIT_MIN_WORK = 1 << 17
 # decode_split_handoff_cpu.txt): they are not in the library.
 DECODE_SPLIT_MIN_ENTRIES = 1 << 24
 
+# The compiled convolution's pass outside autograd splits its tokens over threads from this many tokens per thread:
+# a pool thread's hand-over is tens of microseconds, a token of Mamba-2-2.7B's 5376 channels about one
+# (benchmarks/results/hf_conv_ab_cpu.txt: 8.8x HF's torch form at 2 threads, 10.6x at 1, T=4096).
+CONV_SPLIT_MIN_TOKENS = 64
+
+
+def conv_threads(T: int, available: int) -> int:
+    """Threads for the compiled convolution over ``T`` tokens: one per ``CONV_SPLIT_MIN_TOKENS``, at most
+    ``available``."""
+    return max(1, min(available, T // CONV_SPLIT_MIN_TOKENS))
+
+
 # The Triton kernels run only when asked for (backend="triton") until a GPU run has measured them.
 TRITON_UNDER_AUTO = False
 

@@ -1,8 +1,10 @@
 """The short causal convolution (depthwise, with SiLU) that fla's and Qwen3-Next's linear layers put before q, k
 and v (Mamba-2's and LFM2's with a bias, LFM2's without the SiLU): a torch form (any dtype and device, any order
 of derivative) and, for float32 CPU tensors, one compiled pass each way (`linattn.kernels.cpu_conv`); a double
-backward recomputes in the torch form. `conv_update` runs one decode token through a rolling window of inputs in
-place. Which runs is `linattn.backends`' decision (``backend=`` as everywhere in linattn).
+backward recomputes in the torch form. Outside autograd the compiled pass reads x where it lies (channels adjacent
+in memory, as HF's transposed ``[B, C, T]`` view), the history apart (no concatenated copy), applies the SiLU
+itself and splits the tokens over the threads torch is allowed. `conv_update` runs one decode token through a
+rolling window of inputs in place. Which runs is `linattn.backends`' decision (``backend=`` as everywhere in linattn).
 """
 
 from __future__ import annotations
@@ -47,16 +49,30 @@ def causal_conv(x, weight, history=None, cu_seqlens=None, *, bias=None, activati
         raise ValueError(f"activation must be \"silu\" or None, got {activation!r}")
     B, T, C = x.shape
     K = weight.shape[-1]
+    silu = activation == "silu"
+    offs = None if cu_seqlens is None else sequence_offsets(cu_seqlens, T)
+    plan = backends.plan_conv(backend, x, weight, bias)
+    if plan.kernel == "cpu" and not (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias, history))):
+        # Outside autograd: x read where it lies, the history read apart (no concatenated copy), SiLU in the pass
+        y = cpu_backend.conv_forward(x, history, weight, bias, offs, silu)
+        return y, _tail(x, history, K)
     if history is None:
         history = x.new_zeros(B, K - 1, C)
     xs = torch.cat([history.to(x.dtype), x], dim=1)  # [B, K-1+T, C]
     tail = xs[:, T:] if K > 1 else xs[:, :0]
-    offs = None if cu_seqlens is None else sequence_offsets(cu_seqlens, T)
-    plan = backends.plan_conv(backend, x, weight, bias)
-    silu = activation == "silu"
     if plan.kernel == "cpu":
         return _CompiledConv.apply(xs, weight, bias, offs, silu, cpu_backend.kernel("cpu_conv")), tail
     return conv_torch(xs, weight, offs, bias, silu), tail
+
+
+def _tail(x: torch.Tensor, history: torch.Tensor | None, K: int) -> torch.Tensor:
+    """The last K-1 inputs of history then x, ``[B, K-1, C]`` (zeros before the first input)."""
+    B, T, C = x.shape
+    if T >= K - 1:
+        return x[:, T - (K - 1):].clone()
+    before = x.new_zeros(B, K - 1 - T, C) if history is None else history[:, T:].to(x.dtype)
+    return torch.cat([before, x], dim=1)
 
 
 def conv_torch(xs: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor | None, bias: torch.Tensor | None = None,
@@ -108,16 +124,18 @@ class _CompiledConv(torch.autograd.Function):
         xs_c, wT = values(xs.detach()).contiguous(), values(weight.detach()).t().contiguous()
         b = values(bias.detach()).contiguous() if bias is not None else torch.zeros(C, dtype=xs.dtype)
         off = offs.numpy() if offs is not None else _NO_OFFSETS
-        pre = torch.empty(B, TK - K + 1, C, dtype=xs.dtype)
-        kernel.forward(array(xs_c), array(wT), array(b), off, offs is not None, array(pre))
-        sig = torch.sigmoid(pre) if silu else pre
-        ctx.save_for_backward(xs, weight, bias, pre, sig)
+        T = TK - K + 1
+        pre, y = torch.empty(B, T, C, dtype=xs.dtype), torch.empty(B, T, C, dtype=xs.dtype)
+        hist = xs_c[:, :K - 1].contiguous() if K > 1 else torch.zeros(1, 1, 1, dtype=xs.dtype)
+        kernel.forward(xs_c[:, K - 1:].data_ptr(), TK * C, C, B, array(hist), K > 1, array(wT), array(b), off,
+                       offs is not None, silu, 0, T, array(y), array(pre), True)
+        ctx.save_for_backward(xs, weight, bias, pre)
         ctx.offs, ctx.silu, ctx.kernel, ctx.arrays = offs, silu, kernel, (xs_c, wT)  # the backward reads them too
-        return pre * sig if silu else pre.clone()
+        return y
 
     @staticmethod
     def backward(ctx, gy):
-        xs, weight, bias, pre, sig = ctx.saved_tensors
+        xs, weight, bias, pre = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph: differentiate the torch form, so higher derivatives are exact
             inputs = (xs, weight, bias)
             wanted = [t for t in inputs if t is not None and t.requires_grad]
@@ -130,9 +148,10 @@ class _CompiledConv(torch.autograd.Function):
         gb = torch.empty(C, dtype=xs.dtype)
         off = ctx.offs.numpy() if ctx.offs is not None else _NO_OFFSETS
         xs_c, wT = ctx.arrays
-        ctx.kernel.backward(array(xs_c), array(wT), off, ctx.offs is not None, ctx.silu, array(pre), array(sig),
+        ctx.kernel.backward(array(xs_c), array(wT), off, ctx.offs is not None, ctx.silu, array(pre),
                             readable(gy.contiguous()), array(gxs), array(gwT), array(gb))
         return gxs, gwT.t(), (gb if bias is not None else None), None, None, None
 
 
 _NO_OFFSETS = torch.zeros(1, dtype=torch.int64).numpy()
+_NO_PRE = torch.zeros(1, 1, 1).numpy()

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import linattn
+from linattn import buffers
 from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
 from linattn.state import State
 
@@ -54,11 +55,19 @@ def mamba2_chunk_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Te
     x = hidden_states.to(cd)
     cu = packed_boundaries(kwargs, T, batch, x.device)
     S0 = None if initial_states is None else State(initial_states.to(cd).transpose(-1, -2))
+    tracked = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden_states, dt, A, B, C, D, initial_states))
+    if tracked or x.device.type != "cpu":
+        v = x * dt[..., None]
+    else:  # one pass into a buffer advised onto huge pages (at 80 heads of 64, T = 4096: 84 MB, faulted per call)
+        v = torch.mul(x, dt[..., None], out=buffers.empty(tuple(x.shape), cd))
     o, state = linattn.linear_attention(
-        C.to(cd), B.to(cd), x * dt[..., None], rule="gated", g=dt * A.to(cd), normalize=False, scale=1.0,
+        C.to(cd), B.to(cd), v, rule="gated", g=dt * A.to(cd), normalize=False, scale=1.0,
         initial_state=S0, output_final_state=return_final_states, cu_seqlens=cu, backend=backend)
     if D is not None:
-        o = o + (D.to(cd)[:, None] if D.dim() == 1 else D.to(cd)) * x
+        skip = D.to(cd)[:, None] if D.dim() == 1 else D.to(cd)
+        # outside autograd the output is linattn's fresh tensor: the skip term is added where it lies
+        o = o + skip * x if tracked else o.addcmul_(skip, x)
     if return_final_states:
         return o, state.S.transpose(-1, -2)
     return o
