@@ -289,6 +289,36 @@ def test_mamba2_decode_step_is_one_kernel_call_on_hf_memory(calls, with_z):
     assert rel(y, y_hf) <= 2e-5 and rel(state, hf_state) <= 2e-5
 
 
+@pytest.mark.parametrize("move", ["set_", "grad"])
+def test_mamba2_decode_step_follows_the_state_tensor_between_steps(move):
+    """The decoder kept per state tensor is reused only while the tensor lies where it was found: re-pointed by
+    ``set_`` (in HF's own layout now), the step updates the new memory and leaves the old one; a step that records
+    a graph takes the functional path; each equals HF."""
+    gen = torch.Generator().manual_seed(35)
+    args, kw = _per_head_args(gen, torch.float32, "expanded", "expanded", "expanded", "expanded", True, B=1)
+    base = torch.randn(1, 4, 4, 5, generator=gen)
+    hf_state = base.clone()
+    state = base.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with torch.no_grad():
+        lt.mamba2_selective_state_update(state, *args, **kw)
+        hf(MAMBA, "mamba2_selective_state_update")(hf_state, *args, **kw)
+    old, old_memory = state.clone(), state.view_as(state)  # (a view keeps the memory set_ leaves)
+    if move == "set_":
+        moved = torch.randn(1, 4, 4, 5, generator=gen)
+        hf_state.copy_(moved)
+        state.set_(moved.clone())
+    x = args[0].clone().requires_grad_(move == "grad")
+    with torch.enable_grad() if move == "grad" else torch.no_grad():
+        y = lt.mamba2_selective_state_update(state, x, *args[1:], **kw)
+        y_hf = hf(MAMBA, "mamba2_selective_state_update")(hf_state.clone() if move == "grad" else hf_state, x,
+                                                          *args[1:], **kw)
+    if move == "grad":
+        hf(MAMBA, "mamba2_selective_state_update")(hf_state, x.detach(), *args[1:], **kw)
+    assert rel(y, y_hf) <= 2e-5 and rel(state, hf_state) <= 2e-5
+    if move == "set_":
+        assert torch.equal(old_memory, old)
+
+
 def test_off_cpu_calls_go_to_hf_choice_unless_a_backend_is_forced():
     seen = []
 

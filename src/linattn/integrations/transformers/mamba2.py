@@ -18,6 +18,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 import linattn
 from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
@@ -102,6 +103,26 @@ def _broadcasts(shape: torch.Size, to: torch.Size) -> bool:
         return False
 
 
+# Per HF state tensor (weakly): its Decoder, the backend asked for, the Decoder's State and the tensor's address,
+# shape and strides when the Decoder was found for it. A step on the same memory reuses it after attribute reads.
+_LAYER_DECODERS = WeakIdKeyDictionary()
+
+
+def _layer_decoder(state: torch.Tensor, inputs: tuple, backend: str):
+    """The Decoder that updates HF's ``state`` in place (`common.decoder` on linattn's transposed view), or None
+    where the step must not write it. Kept per state tensor: a later step finds it with attribute reads (no
+    torch call) while nothing can record a graph and the tensor still lies in the memory it was found for."""
+    held = _LAYER_DECODERS.get(state)
+    if (held is not None and not torch.is_grad_enabled() and held[1] == backend and held[0].state is held[2]
+            and state.data_ptr() == held[3] and state.shape == held[4] and state.stride() == held[5]
+            and not (state.is_inference() and not torch.is_inference_mode_enabled())):
+        return held[0]
+    dec = decoder(state, state.transpose(-1, -2), inputs, "gated", None, 1.0, backend, normalize=False)
+    if dec is not None:
+        _LAYER_DECODERS[state] = (dec, backend, dec.state, state.data_ptr(), state.shape, state.stride())
+    return dec
+
+
 def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tensor, dt: torch.Tensor,
                                   A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,
                                   dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
@@ -148,8 +169,7 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
     q = (C if C.dtype == cd else C.to(cd)).contiguous()
     k = (B if B.dtype == cd else B.to(cd)).contiguous()
     v, g = x * dt_h, dt_h.view(batch, H) * (A_h if A_h.dtype == cd else A_h.to(cd))
-    S = state.transpose(-1, -2)  # linattn's [B, H, N, P] view of HF's state
-    dec = decoder(state, S, (q, k, v, g), "gated", None, 1.0, backend, normalize=False) if S.dtype == cd else None
+    dec = _layer_decoder(state, (q, k, v, g), backend) if state.dtype == cd else None
     if dec is not None:  # o is the decoder's fresh output and no graph records: the rest writes into it
         o = dec(q, k, v, g)
         if D is not None:
@@ -157,6 +177,7 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
         if z is not None:
             o *= F.silu(z if z.dtype == cd else z.to(cd))
     else:  # autograd records, or the state is not in the accumulation dtype: HF's own in-place write
+        S = state.transpose(-1, -2)  # linattn's [B, H, N, P] view of HF's state
         o, new = linattn.step(q, k, v, State(S.to(cd)), rule="gated", g=g, normalize=False, scale=1.0,
                               backend=backend)
         state.copy_(new.S.transpose(-1, -2))
