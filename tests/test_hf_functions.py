@@ -208,6 +208,142 @@ def test_mamba2_decode_step_with_per_channel_values_takes_hf_code():
         lt.mamba2_selective_state_update(s1, x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, dt_softplus=True)
 
 
+def _recording_hf_step(seen):
+    """HF's own decode step (undecorated), recording each call: proof of which code ran."""
+    theirs = hf(MAMBA, "mamba2_selective_state_update")
+
+    def spy(*args, **kw):
+        seen.append(args)
+        return theirs(*args, **kw)
+
+    return spy
+
+
+def _per_head_args(gen, dtype, dt_form, A_form, bias_form, D_form, with_z, B=2, H=4, G=2, P=4, N=5):
+    """A decode token's arguments with each per-head tensor in a given form: "expanded" (HF's stride-0 views),
+    "dense" (the same values, materialized: proven by value), "varying" (values differ along the expanded dims),
+    "head" (D or dt_bias as [H]), or None."""
+    def form(values, shape, how):
+        if how is None:
+            return None
+        if how == "head":
+            return values
+        view = values.reshape(values.shape + (1,) * (len(shape) - values.dim())).expand(shape)
+        if how == "expanded":
+            return view
+        dense = view.contiguous()
+        if how == "varying":
+            dense = dense + torch.randn(dense.shape, generator=gen, dtype=dense.dtype)
+        return dense
+
+    x = torch.randn(B, H, P, generator=gen, dtype=dtype)
+    dt = form(torch.randn(B, H, generator=gen, dtype=dtype), (B, H, P), dt_form)
+    A = form(-torch.rand(H, generator=gen) - 0.1, (H, P, N), A_form)  # HF's A is float32 (A_log.float())
+    Bm, Cm = (torch.randn(B, G, N, generator=gen, dtype=dtype) for _ in range(2))
+    dt_bias = form(torch.randn(H, generator=gen, dtype=dtype), (H, P), bias_form)
+    D = form(torch.randn(H, generator=gen, dtype=dtype), (H, P), D_form)
+    z = torch.randn(B, H, P, generator=gen, dtype=dtype) if with_z else None
+    return (x, dt, A, Bm, Cm), dict(D=D, dt_bias=dt_bias, dt_softplus=True, z=z)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("with_z", [False, True])
+@pytest.mark.parametrize("forms", [("expanded", "expanded", "expanded", "expanded"),
+                                   ("dense", "dense", "dense", "varying"),
+                                   ("expanded", "expanded", None, "head"),
+                                   ("dense", "expanded", "expanded", None)],
+                         ids=["hf", "dense", "D-head", "no-D"])
+def test_mamba2_decode_step_runs_linattn_for_one_value_per_head(dtype, with_z, forms):
+    """dt, A, dt_bias with one value per head (HF's expanded views, proven by strides; or materialized, proven by
+    value) run on linattn, not HF's code; D of any shape HF's code takes ([H, P] expanded or varying, or [H],
+    which HF's code broadcasts over P) and z None or given give HF's step; the state is updated where it lies."""
+    gen = torch.Generator().manual_seed(31)
+    args, kw = _per_head_args(gen, dtype, *forms, with_z)
+    base = torch.randn(2, 4, 4, 5, generator=gen, dtype=dtype)
+    state, hf_state = base.transpose(-1, -2).contiguous().transpose(-1, -2), base.clone()
+    seen = []
+    with torch.no_grad():
+        for _ in range(2):
+            y = lt.mamba2_selective_state_update(state, *args, **kw, fallback=_recording_hf_step(seen))
+            y_hf = hf(MAMBA, "mamba2_selective_state_update")(hf_state, *args, **kw)
+    assert not seen  # linattn ran
+    tol = 2e-5 if dtype == torch.float32 else 1e-6  # HF's decay exp(dt A) is float32 even for float64 inputs
+    assert y.dtype == dtype and rel(y, y_hf) <= tol and rel(state, hf_state) <= tol
+
+
+@pytest.mark.parametrize("name", ["dt", "A", "dt_bias", "dt_bias [H]"])
+def test_mamba2_decode_step_with_values_varying_along_the_head_dim_takes_hf_code(name):
+    """A per-head tensor whose values vary along the dims HF expands (or dt_bias as [H], which HF's code adds
+    along P) has no gated-rule equivalent: HF's own code runs it, bit for bit; without HF's function to go to, a
+    ValueError names it and nothing is written."""
+    gen = torch.Generator().manual_seed(32)
+    forms = {"dt": ("varying", "expanded", "expanded"), "A": ("expanded", "varying", "expanded"),
+             "dt_bias": ("expanded", "expanded", "varying"), "dt_bias [H]": ("expanded", "expanded", "head")}[name]
+    args, kw = _per_head_args(gen, torch.float32, *forms, "expanded", True)
+    s0 = torch.randn(2, 4, 4, 5, generator=gen)
+    s1, s2, s3 = s0.clone(), s0.clone(), s0.clone()
+    seen = []
+    y = lt.mamba2_selective_state_update(s1, *args, **kw, fallback=_recording_hf_step(seen))
+    y_hf = hf(MAMBA, "mamba2_selective_state_update")(s2, *args, **kw)
+    assert len(seen) == 1 and torch.equal(y, y_hf) and torch.equal(s1, s2)
+    with pytest.raises(ValueError, match=f"^{name.split()[0]}: "):
+        lt.mamba2_selective_state_update(s3, *args, **kw)
+    assert torch.equal(s3, s0) and not torch.equal(s1, s0)
+
+
+def test_mamba2_decode_step_names_a_D_that_does_not_broadcast():
+    gen = torch.Generator().manual_seed(33)
+    args, kw = _per_head_args(gen, torch.float32, "expanded", "expanded", "expanded", None, False)
+    with pytest.raises(ValueError, match=r"^D: expected \[H, P\] = \[4, 4\]"):
+        lt.mamba2_selective_state_update(torch.zeros(2, 4, 4, 5), *args, **{**kw, "D": torch.ones(3)})
+
+
+@pytest.mark.parametrize("with_z", [False, True])
+def test_mamba2_decode_step_is_one_kernel_call_on_hf_memory(calls, with_z):
+    """At batch 1 in float32 with HF's expanded arguments, the step is one call of the compiled kernel on the
+    state where it lies (the layout a patched prefill leaves in HF's cache)."""
+    gen = torch.Generator().manual_seed(34)
+    args, kw = _per_head_args(gen, torch.float32, "expanded", "expanded", "expanded", "expanded", with_z, B=1)
+    base = torch.randn(1, 4, 4, 5, generator=gen)
+    state, hf_state = base.transpose(-1, -2).contiguous().transpose(-1, -2), base.clone()
+    with torch.no_grad():
+        for t in range(3):
+            y = lt.mamba2_selective_state_update(state, *args, **kw)
+            y_hf = hf(MAMBA, "mamba2_selective_state_update")(hf_state, *args, **kw)
+            assert len(calls) == t + 1 and calls[-1][5] == calls[-1][6] == state.data_ptr()
+    assert rel(y, y_hf) <= 2e-5 and rel(state, hf_state) <= 2e-5
+
+
+@pytest.mark.parametrize("move", ["set_", "grad"])
+def test_mamba2_decode_step_follows_the_state_tensor_between_steps(move):
+    """The decoder kept per state tensor is reused only while the tensor lies where it was found: re-pointed by
+    ``set_`` (in HF's own layout now), the step updates the new memory and leaves the old one; a step that records
+    a graph takes the functional path; each equals HF."""
+    gen = torch.Generator().manual_seed(35)
+    args, kw = _per_head_args(gen, torch.float32, "expanded", "expanded", "expanded", "expanded", True, B=1)
+    base = torch.randn(1, 4, 4, 5, generator=gen)
+    hf_state = base.clone()
+    state = base.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with torch.no_grad():
+        lt.mamba2_selective_state_update(state, *args, **kw)
+        hf(MAMBA, "mamba2_selective_state_update")(hf_state, *args, **kw)
+    old, old_memory = state.clone(), state.view_as(state)  # (a view keeps the memory set_ leaves)
+    if move == "set_":
+        moved = torch.randn(1, 4, 4, 5, generator=gen)
+        hf_state.copy_(moved)
+        state.set_(moved.clone())
+    x = args[0].clone().requires_grad_(move == "grad")
+    with torch.enable_grad() if move == "grad" else torch.no_grad():
+        y = lt.mamba2_selective_state_update(state, x, *args[1:], **kw)
+        y_hf = hf(MAMBA, "mamba2_selective_state_update")(hf_state.clone() if move == "grad" else hf_state, x,
+                                                          *args[1:], **kw)
+    if move == "grad":
+        hf(MAMBA, "mamba2_selective_state_update")(hf_state, x.detach(), *args[1:], **kw)
+    assert rel(y, y_hf) <= 2e-5 and rel(state, hf_state) <= 2e-5
+    if move == "set_":
+        assert torch.equal(old_memory, old)
+
+
 def test_off_cpu_calls_go_to_hf_choice_unless_a_backend_is_forced():
     seen = []
 

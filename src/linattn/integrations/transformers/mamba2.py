@@ -18,6 +18,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 import linattn
 from linattn import buffers
@@ -73,16 +74,62 @@ def mamba2_chunk_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Te
     return o
 
 
-def _per_head(t: torch.Tensor | None, name: str, index) -> torch.Tensor | None:
-    """The per-head values of a tensor that HF's layer expands over the head dim (and state size): ``t[index]``,
-    or a ValueError when its values differ along the expanded dims (the rule has one gate per head)."""
-    if t is None:
-        return None
-    head = t[index]
-    if all(t.stride(d) == 0 for d in range(head.dim(), t.dim())) or torch.equal(
-            t, head.reshape(*head.shape, *[1] * (t.dim() - head.dim())).expand_as(t)):
-        return head
-    raise ValueError(f"{name}: its values vary along the head dim; the scan has one value per head")
+def _check_per_head(t: torch.Tensor, name: str, shape: tuple, lead: int) -> None:
+    """That ``t`` (dt ``[B, H, P]``, A ``[H, P, N]`` or dt_bias ``[H, P]``: HF's expansions of one value per head,
+    the head dim at ``lead``) has ``shape`` (None: any size there) and one value per head: proven by the strides
+    where HF's ``expand`` left them (stride 0 or size 1 after the head dim: attribute reads only), else by
+    comparing the values. A ValueError names ``t`` when its shape is not HF's or its values vary along the head
+    dim (the rule has one gate per head)."""
+    got = t.shape
+    if len(got) != len(shape) or any(n is not None and n != m for n, m in zip(shape, got, strict=True)):
+        raise ValueError(f"{name}: expected HF's shape {['*' if n is None else n for n in shape]}, got {list(got)}")
+    strides = t.stride()
+    if all(strides[d] == 0 or got[d] == 1 for d in range(lead + 1, len(got))):
+        return
+    head = t.as_strided((*got[:lead + 1], *[1] * (len(got) - lead - 1)), strides)
+    if not torch.equal(t, head.expand_as(t)):
+        raise ValueError(f"{name}: its values vary along the head dim; the scan has one value per head")
+
+
+def _expanded(shape: torch.Size, dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tensor | None) -> bool:
+    """Whether dt ``[B, H, P]``, A ``[H, P, N]`` and dt_bias ``[H, P]`` (or None) have HF's shapes for
+    hidden_states' ``shape`` and strides 0 after the head dim, as HF's ``expand`` leaves them: then one value per
+    head is proven by attribute reads alone (a few per step, where a generic check costs microseconds)."""
+    if len(shape) != 3 or dt.shape != shape:
+        return False
+    P = shape[2]
+    a_shape, a_strides = A.shape, A.stride()
+    if not (len(a_shape) == 3 and a_shape[0] == shape[1] and a_shape[1] == P and a_strides[1] == 0
+            and a_strides[2] == 0 and (dt.stride(2) == 0 or P == 1)):
+        return False
+    return dt_bias is None or (dt_bias.shape == shape[1:] and (dt_bias.stride(1) == 0 or P == 1))
+
+
+def _broadcasts(shape: torch.Size, to: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, to) == to
+    except RuntimeError:
+        return False
+
+
+# Per HF state tensor (weakly): its Decoder, the backend asked for, the Decoder's State and the tensor's address,
+# shape and strides when the Decoder was found for it. A step on the same memory reuses it after attribute reads.
+_LAYER_DECODERS = WeakIdKeyDictionary()
+
+
+def _layer_decoder(state: torch.Tensor, inputs: tuple, backend: str):
+    """The Decoder that updates HF's ``state`` in place (`common.decoder` on linattn's transposed view), or None
+    where the step must not write it. Kept per state tensor: a later step finds it with attribute reads (no
+    torch call) while nothing can record a graph and the tensor still lies in the memory it was found for."""
+    held = _LAYER_DECODERS.get(state)
+    if (held is not None and not torch.is_grad_enabled() and held[1] == backend and held[0].state is held[2]
+            and state.data_ptr() == held[3] and state.shape == held[4] and state.stride() == held[5]
+            and not (state.is_inference() and not torch.is_inference_mode_enabled())):
+        return held[0]
+    dec = decoder(state, state.transpose(-1, -2), inputs, "gated", None, 1.0, backend, normalize=False)
+    if dec is not None:
+        _LAYER_DECODERS[state] = (dec, backend, dec.state, state.data_ptr(), state.shape, state.stride())
+    return dec
 
 
 def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tensor, dt: torch.Tensor,
@@ -90,39 +137,64 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
                                   dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
                                   z: torch.Tensor | None = None, *, backend: str = "auto", fallback=None, **kwargs):
     """HF's ``mamba2_selective_state_update``: state ``[B, H, P, N]`` (updated in place), hidden_states ``[B, H,
-    P]``, dt ``[B, H, P]``, A ``[H, P, N]``, dt_bias and D ``[H, P]`` (expanded from one value per head, as
-    HF's layers pass them), B, C ``[B, G, N]``, z ``[B, H, P]`` (the output is multiplied by silu(z)). Returns
-    y ``[B, H, P]`` in hidden_states' dtype. Per-head values that vary along the head dim go to HF's torch code."""
+    P]``, dt ``[B, H, P]``, A ``[H, P, N]``, dt_bias ``[H, P]`` (expanded from one value per head, as HF's layers
+    pass them), D ``[H, P]`` (or what broadcasts to hidden_states, as in HF's code), B, C ``[B, G, N]``, z ``[B,
+    H, P]`` (the output is multiplied by silu(z)). Returns y ``[B, H, P]`` in hidden_states' dtype. Per-head
+    values that vary along the head dim go to HF's torch code."""
     if not on_linattn(backend, fallback, hidden_states):
         return fallback(state, hidden_states, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
                         **kwargs)
-    try:
-        dt_h = _per_head(dt, "dt", (slice(None), slice(None), 0))
-        A_h = _per_head(A, "A", (slice(None), 0, 0))
-        D_h = _per_head(D, "D", (slice(None), 0))
-        bias_h = _per_head(dt_bias, "dt_bias", (slice(None), 0))
-    except ValueError:
-        if fallback is None:
-            raise
-        return inspect.unwrap(fallback)(state, hidden_states, dt, A, B, C, D=D, dt_bias=dt_bias,
-                                        dt_softplus=dt_softplus, z=z)
+    shape = hidden_states.shape
+    if not _expanded(shape, dt, A, dt_bias):  # not as HF's layers pass them: checked, maybe by value, or to HF
+        try:
+            if len(shape) != 3:
+                raise ValueError(f"hidden_states: expected [B, H, P], got {list(shape)}")
+            _check_per_head(dt, "dt", tuple(shape), 1)
+            _check_per_head(A, "A", (shape[1], shape[2], None), 0)
+            if dt_bias is not None:
+                _check_per_head(dt_bias, "dt_bias", tuple(shape[1:]), 0)
+        except ValueError:
+            if fallback is None:
+                raise
+            return inspect.unwrap(fallback)(state, hidden_states, dt, A, B, C, D=D, dt_bias=dt_bias,
+                                            dt_softplus=dt_softplus, z=z)
+    if D is not None and D.shape != shape[1:] and not _broadcasts(D.shape, shape):
+        raise ValueError(f"D: expected [H, P] = {list(shape[1:])} (or a shape that broadcasts to hidden_states' "
+                         f"{list(shape)}), got {list(D.shape)}")
+    batch, H = shape[0], shape[1]
     cd = torch.float64 if state.dtype == torch.float64 else torch.float32
-    dt_h = _time_step(dt_h, bias_h, dt_softplus, None).to(cd)
-    x = hidden_states.to(cd)
-    q, k, v, g = C.to(cd).contiguous(), B.to(cd).contiguous(), x * dt_h[..., None], dt_h * A_h.to(cd)
-    S = state.transpose(-1, -2)  # linattn's [B, H, N, P] view of HF's state
-    dec = decoder(state, S, (q, k, v, g), "gated", None, 1.0, backend, normalize=False) if S.dtype == cd else None
-    if dec is not None:
+    # One value per head, read as views (the checks above proved them; one torch call each: at batch 1 the
+    # calls, not the arithmetic, are the cost), in HF's order and dt's dtype; casts only where dtypes differ
+    dt_h = dt.as_strided((batch, H, 1), dt.stride())
+    if dt_bias is not None:
+        bias_h = dt_bias.as_strided((H, 1), dt_bias.stride())
+        dt_h = dt_h + (bias_h if bias_h.dtype == dt_h.dtype else bias_h.to(dt_h.dtype))
+    if dt_softplus:
+        dt_h = F.softplus(dt_h)
+    if dt_h.dtype != cd:
+        dt_h = dt_h.to(cd)
+    A_h = A.as_strided((H,), (A.stride(0),))
+    x = hidden_states if hidden_states.dtype == cd else hidden_states.to(cd)
+    q = (C if C.dtype == cd else C.to(cd)).contiguous()
+    k = (B if B.dtype == cd else B.to(cd)).contiguous()
+    v, g = x * dt_h, dt_h.view(batch, H) * (A_h if A_h.dtype == cd else A_h.to(cd))
+    dec = _layer_decoder(state, (q, k, v, g), backend) if state.dtype == cd else None
+    if dec is not None:  # o is the decoder's fresh output and no graph records: the rest writes into it
         o = dec(q, k, v, g)
+        if D is not None:
+            o += x * (D if D.dtype == cd else D.to(cd))
+        if z is not None:
+            o *= F.silu(z if z.dtype == cd else z.to(cd))
     else:  # autograd records, or the state is not in the accumulation dtype: HF's own in-place write
+        S = state.transpose(-1, -2)  # linattn's [B, H, N, P] view of HF's state
         o, new = linattn.step(q, k, v, State(S.to(cd)), rule="gated", g=g, normalize=False, scale=1.0,
                               backend=backend)
         state.copy_(new.S.transpose(-1, -2))
-    if D_h is not None:
-        o = o + D_h.to(cd)[:, None] * x
-    if z is not None:
-        o = o * F.silu(z.to(cd))
-    return o.to(hidden_states.dtype)
+        if D is not None:
+            o = o + x * D.to(cd)
+        if z is not None:
+            o = o * F.silu(z.to(cd))
+    return o if o.dtype == hidden_states.dtype else o.to(hidden_states.dtype)
 
 
 def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
