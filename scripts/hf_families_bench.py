@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import platform
 import statistics
@@ -322,10 +323,13 @@ def main() -> None:
                         help="threads of the share rows (a prefill shared with the models part where both run)")
     parser.add_argument("--decode-steps", type=int, default=8, help="decode tokens timed per share row")
     parser.add_argument("--train-B", type=int, default=2)
-    parser.add_argument("--train-T", type=int, default=512)
+    parser.add_argument("--train-T", type=int, default=256)
     parser.add_argument("--skip-models", action="store_true", help="the same as --only functions")
     parser.add_argument("--out", default=None)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the parts of the existing --out file that this run does not redo (implies "
+                             "--overwrite for the parts it does)")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if only - set(PARTS):
@@ -435,13 +439,30 @@ def main() -> None:
     if train:
         doc["train"] = {"B": args.train_B, "T": args.train_T, "step": "forward + backward, no optimizer step",
                         "rows": train}
+    if args.out and args.merge and Path(args.out).exists():
+        doc = merged(json.loads(Path(args.out).read_text(encoding="utf-8")), doc, only)
     if args.out:
-        print("wrote", atomic_write_json(args.out, doc, overwrite=args.overwrite))
+        print("wrote", atomic_write_json(args.out, doc, overwrite=args.overwrite or args.merge))
         md = Path(args.out).with_suffix(".md")
         atomic_write(md, lambda tmp: tmp.write_text(table(doc), encoding="utf-8"), overwrite=args.overwrite)
         print("wrote", md)
     else:
         print(table(doc))
+
+
+def merged(old: dict, new: dict, only: set[str]) -> dict:
+    """``new`` with what ``old`` holds of the parts it did not run: the function or model rows (with the settings
+    they were run at) and the share and train sections."""
+    keep = {level for part, level in (("functions", "function"), ("models", "model")) if part not in only}
+    settings = {"function": ("T", "kda_T"), "model": ("model_T",)}
+    kept = [k for level in keep for k in settings[level]] + (["repeats", "threads"] if len(keep) == 2 else [])
+    doc = {**new, **{k: old[k] for k in kept if k in old}}
+    doc["rows"] = [r for r in old.get("rows", []) if r["level"] in keep] + new["rows"]
+    for part in ("share", "train"):
+        if part not in only and part in old:
+            doc[part] = old[part]
+    doc["parts"] = [part for part in PARTS if part in only or part in old.get("parts", ("functions", "models"))]
+    return doc
 
 
 def table(doc) -> str:
