@@ -11,11 +11,21 @@ the replaced function at prefill (``--T`` tokens) and one decode step, at each o
 ``--repeats`` runs, 20 times as many for a decode step, HF's and linattn's interleaved so that a shared machine's
 changing load falls on both alike; the load average is recorded with every row), then small whole models (a few
 layers at the same geometries, small vocabulary and experts): prefill tokens/s and greedy ``generate`` tokens/s,
-HF's torch code against ``linattn.integrations.transformers.patch()``.
+HF's torch code against ``linattn.integrations.transformers.patch()``. Two more measures of the same small models
+(Granite 4 H-Tiny's geometry too):
+
+* share: the time of a prefill (``--model-T`` tokens) and of one decode token split into the replaced functions
+  and everything else, on both paths (each module-level function the patch replaces wrapped by a timer), with the
+  whole-model speed-up Amdahl's law allows from the functions' speed-up, at ``--share-threads``;
+* train: one training step's forward and backward (no optimizer step) on ``--train-B`` x ``--train-T`` tokens,
+  both paths interleaved, and the largest relative difference of any parameter's gradient.
+
+``--only functions,models,share,train`` picks parts, ``--models`` the small models;
 
     PYTHONPATH=src python scripts/hf_families_bench.py --out benchmarks/results/hf_families_cpu.json
 
-writes the JSON and a Markdown table next to it (same name, ``.md``).
+writes the JSON and a Markdown table next to it (same name, ``.md``); ``--merge`` keeps the parts of an existing
+file that a run does not redo.
 """
 
 from __future__ import annotations
@@ -444,7 +454,8 @@ def main() -> None:
     if args.out:
         print("wrote", atomic_write_json(args.out, doc, overwrite=args.overwrite or args.merge))
         md = Path(args.out).with_suffix(".md")
-        atomic_write(md, lambda tmp: tmp.write_text(table(doc), encoding="utf-8"), overwrite=args.overwrite)
+        atomic_write(md, lambda tmp: tmp.write_text(table(doc), encoding="utf-8"),
+                     overwrite=args.overwrite or args.merge)
         print("wrote", md)
     else:
         print(table(doc))
