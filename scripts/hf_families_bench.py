@@ -445,10 +445,11 @@ def main() -> None:
            "note": "medians of interleaved runs on a machine shared with other work; load_1min is os.getloadavg()[0]"
                    " after each row", "parts": [part for part in PARTS if part in only], "rows": rows}
     if share:
-        doc["share"] = {"threads": args.share_threads, "decode_steps": args.decode_steps, "timer": TIMER, "rows": share}
+        doc["share"] = {"threads": args.share_threads, "decode_steps": args.decode_steps, "timer": TIMER,
+                        "timed_prefills": max(1, args.repeats - 1), "rows": share}
     if train:
         doc["train"] = {"B": args.train_B, "T": args.train_T, "step": "forward + backward, no optimizer step",
-                        "rows": train}
+                        "timed_steps": max(1, args.repeats - 1), "rows": train}
     if args.out and args.merge and Path(args.out).exists():
         doc = merged(json.loads(Path(args.out).read_text(encoding="utf-8")), doc, only)
     if args.out:
@@ -489,7 +490,8 @@ def table(doc) -> str:
                      f"{r['linattn']:,.2f} | {r['unit']} | {r['speedup']:.2f}x | {diff} | {r['load_1min']} |")
     if "share" in doc:
         lines += ["", f"Share of a token's time in the replaced functions ({doc['share']['timer']}); ms per call "
-                      f"(a prefill, or one decode token: median of {doc['share']['decode_steps']} steps); "
+                      f"(a prefill: median of {doc['share'].get('timed_prefills', '?')} after a warm-up; one decode "
+                      f"token: median of {doc['share']['decode_steps']} steps); "
                       "Amdahl: the whole-model speedup the measured function speedup allows with the rest unchanged, "
                       "and its limit (functions taking no time).", "",
                   "| model | what | threads | HF total | HF recurrent | HF rest | HF share | linattn total | "
@@ -504,8 +506,9 @@ def table(doc) -> str:
     if "train" in doc:
         t = doc["train"]
         lines += ["", f"Training step ({t['step']}), B = {t['B']}, T = {t['T']}, float32, the causal-LM loss; ms, "
-                      "medians of interleaved runs; recurrent forward: ms of the forward inside the replaced "
-                      "functions; gradient diff: the largest over parameters of max |linattn - HF| / max |HF|.", "",
+                      f"medians of {t.get('timed_steps', '?')} interleaved steps after a warm-up; recurrent "
+                      "forward: ms of the forward inside the replaced functions; gradient diff: the largest over "
+                      "parameters of max |linattn - HF| / max |HF|.", "",
                   "| model | threads | HF ms | linattn ms | speedup | HF recurrent forward | "
                   "linattn recurrent forward | loss rel. diff | max grad rel. diff (parameter) | load |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
