@@ -11,17 +11,28 @@ the replaced function at prefill (``--T`` tokens) and one decode step, at each o
 ``--repeats`` runs, 20 times as many for a decode step, HF's and linattn's interleaved so that a shared machine's
 changing load falls on both alike; the load average is recorded with every row), then small whole models (a few
 layers at the same geometries, small vocabulary and experts): prefill tokens/s and greedy ``generate`` tokens/s,
-HF's torch code against ``linattn.integrations.transformers.patch()``.
+HF's torch code against ``linattn.integrations.transformers.patch()``. Two more measures of the same small models
+(Granite 4 H-Tiny's geometry too):
+
+* share: the time of a prefill (``--model-T`` tokens) and of one decode token split into the replaced functions
+  and everything else, on both paths (each module-level function the patch replaces wrapped by a timer), with the
+  whole-model speed-up Amdahl's law allows from the functions' speed-up, at ``--share-threads``;
+* train: one training step's forward and backward (no optimizer step) on ``--train-B`` x ``--train-T`` tokens,
+  both paths interleaved, and the largest relative difference of any parameter's gradient.
+
+``--only functions,models,share,train`` picks parts, ``--models`` the small models;
 
     PYTHONPATH=src python scripts/hf_families_bench.py --out benchmarks/results/hf_families_cpu.json
 
-writes the JSON and a Markdown table next to it (same name, ``.md``).
+writes the JSON and a Markdown table next to it (same name, ``.md``); ``--merge`` keeps the parts of an existing
+file that a run does not redo.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import platform
 import statistics
@@ -160,7 +171,148 @@ def small_models():
         ("Mamba-2-2.7B geometry, 4 layers", "mamba2", t.Mamba2Config(
             vocab_size=4096, hidden_size=2560, num_hidden_layers=4, num_heads=80, head_dim=64, expand=2,
             n_groups=1, state_size=128, chunk_size=256, residual_in_fp32=False, **ids)),
+        ("Granite 4 H-Tiny geometry, 4 layers (3 Mamba-2, 1 attention)", "granitemoehybrid",
+         t.GraniteMoeHybridConfig(
+            vocab_size=4096, hidden_size=1536, intermediate_size=512, shared_intermediate_size=1024,
+            num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=4, num_local_experts=8,
+            num_experts_per_tok=2, mamba_n_heads=48, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128,
+            mamba_expand=2, mamba_chunk_size=256, position_embedding_type="nope",
+            layer_types=["linear_attention"] * 3 + ["full_attention"], **ids)),
     ]
+
+
+class RecurrentClock:
+    """Wall time spent inside the module-level functions the patch replaces (every function of the model type's
+    family), whichever is in force when the clock starts: HF's torch code or linattn's. Each is wrapped by one
+    ``perf_counter`` pair (a microsecond against calls of 0.1 ms and more); a call made from inside another counts
+    once. A context manager: start it inside the path's patch, so that it wraps that path's functions."""
+
+    def __init__(self, model_type: str):
+        self.model_type, self.seconds, self.calls, self._depth, self._patch = model_type, 0.0, 0, 0, None
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    self.seconds += time.perf_counter() - start
+                    self.calls += 1
+        return timed
+
+    def __enter__(self) -> RecurrentClock:
+        module = lt.modeling(self.model_type)
+        self._patch = lt.Patch([(module, name, self._timed(getattr(module, name)))
+                                for name in lt.FAMILIES[lt.FAMILY_OF[self.model_type]][1]])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._patch.undo()
+
+
+def timed_run(path, model_type: str, fn):
+    """(total s, s inside the replaced functions, fn's result) of ``fn()`` on one path (``lt.patch`` or
+    ``lt.use_hf_torch_fallback``); the patch is made before the clock starts."""
+    with path((model_type,)), RecurrentClock(model_type) as clock:
+        start = time.perf_counter()
+        out = fn()
+        total = time.perf_counter() - start
+    return total, clock.seconds, out
+
+
+def paired_timed(model_type: str, fns, repeats: int):
+    """``paired_medians_ms`` through ``timed_run``: per path (HF's, linattn's), the median total ms, the median ms
+    inside the replaced functions, and the last run's result. ``fns`` are (HF's call, linattn's call), made under
+    their path's patch. One warm-up run each first."""
+    paths = (lt.use_hf_torch_fallback, lt.patch)
+    for path, fn in zip(paths, fns, strict=True):
+        timed_run(path, model_type, fn)
+    totals, inside, last = [[] for _ in paths], [[] for _ in paths], [None for _ in paths]
+    for _ in range(repeats):
+        for i, (path, fn) in enumerate(zip(paths, fns, strict=True)):
+            total, rec, last[i] = timed_run(path, model_type, fn)
+            totals[i].append(total)
+            inside[i].append(rec)
+    return [(statistics.median(t) * 1e3, statistics.median(r) * 1e3, out)
+            for t, r, out in zip(totals, inside, last, strict=True)]
+
+
+def share_row(hf_total: float, hf_recurrent: float, ours_total: float, ours_recurrent: float) -> dict:
+    """The split of a token's time (any unit) on both paths and what Amdahl's law allows: with the replaced
+    functions sped up by ``function_speedup`` = HF's recurrent time / linattn's and the rest unchanged, the whole
+    model can go ``amdahl_speedup`` = HF's total / (HF's rest + linattn's recurrent time) faster, and no faster
+    than ``amdahl_limit`` = HF's total / HF's rest however fast the functions get."""
+    hf_rest, ours_rest = hf_total - hf_recurrent, ours_total - ours_recurrent
+    return {"hf_total": hf_total, "hf_recurrent": hf_recurrent, "hf_rest": hf_rest,
+            "hf_share": hf_recurrent / hf_total, "linattn_total": ours_total, "linattn_recurrent": ours_recurrent,
+            "linattn_rest": ours_rest, "linattn_share": ours_recurrent / ours_total,
+            "function_speedup": hf_recurrent / ours_recurrent, "speedup": hf_total / ours_total,
+            "amdahl_speedup": hf_total / (hf_rest + ours_recurrent),
+            "amdahl_limit": hf_total / hf_rest if hf_rest > 0 else float("inf")}
+
+
+def decode_share(model, model_type: str, prompt: torch.Tensor, steps: int):
+    """Median ms of one decode token (the total and inside the replaced functions) on HF's path and linattn's,
+    each with its own cache filled by its own prefill of ``prompt``; steps interleaved, each feeding the token
+    the previous one chose, so both caches grow alike (context ``len(prompt)`` to ``len(prompt) + steps``)."""
+    paths = (lt.use_hf_torch_fallback, lt.patch)
+    state = []
+    for path in paths:
+        with path((model_type,)):
+            out = model(prompt, use_cache=True)
+        state.append([out["cache"], out.logits[:, -1:].argmax(-1)])
+    samples = [([], []) for _ in paths]
+    for _ in range(steps + 1):  # the first step is a warm-up
+        for path, st, (totals, inside) in zip(paths, state, samples, strict=True):
+            cache, token = st
+
+            def one(cache=cache, token=token):
+                return model(token, cache=cache, use_cache=True)
+
+            total, rec, out = timed_run(path, model_type, one)
+            st[1] = out.logits[:, -1:].argmax(-1)
+            totals.append(total)
+            inside.append(rec)
+    same = bool(torch.equal(state[0][1], state[1][1]))
+    return [(statistics.median(t[1:]) * 1e3, statistics.median(r[1:]) * 1e3) for t, r in samples], same
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def train_step(model, ids: torch.Tensor):
+    """One training step's forward and backward (no optimizer step: it is the same code on both paths): the
+    causal-LM loss on ``ids`` as labels; gradients accumulate from zero."""
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    return loss.detach()
+
+
+def grad_rel_diff(ours: dict[str, torch.Tensor], hf: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest, over parameters, max |ours - HF's| / max |HF's| of a parameter's gradient, and its name."""
+    if ours.keys() != hf.keys():
+        raise RuntimeError(f"different parameters got gradients: {sorted(ours.keys() ^ hf.keys())}")
+    worst = max(ours, key=lambda name: rel(ours[name], hf[name]))
+    return rel(ours[worst], hf[worst]), worst
+
+
+PARTS = ("functions", "models", "share", "train")
+TIMER = ("wall time inside the module-level functions the patch replaces, each wrapped by one perf_counter pair "
+         "(a call from inside another counted once), on both paths; rest = total - that")
+
+
+def set_threads(threads: int) -> None:
+    """Threads for torch and linattn's compiled kernels. numba first: its first ``set_num_threads`` starts its
+    OpenMP layer, which resets the OpenMP thread count torch reads to ``NUMBA_NUM_THREADS``."""
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    torch.set_num_threads(threads)
+    if torch.get_num_threads() != threads:
+        raise RuntimeError(f"torch runs {torch.get_num_threads()} threads, not the {threads} asked for")
 
 
 def main() -> None:
@@ -173,63 +325,88 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generate() makes per whole-model row")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-models", action="store_true")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, some of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--models", nargs="+", default=None,
+                        help="model types of the whole-model parts (default: every small model)")
+    parser.add_argument("--share-threads", type=int, nargs="+", default=[1],
+                        help="threads of the share rows (a prefill shared with the models part where both run)")
+    parser.add_argument("--decode-steps", type=int, default=8, help="decode tokens timed per share row")
+    parser.add_argument("--train-B", type=int, default=2)
+    parser.add_argument("--train-T", type=int, default=256)
+    parser.add_argument("--skip-models", action="store_true", help="the same as --only functions")
     parser.add_argument("--decode-only", action="store_true",
-                        help="only the decode-step function rows (no prefill rows, no whole models)")
+                        help="of the function rows, only the decode steps (with --only functions)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the parts of the existing --out file that this run does not redo (implies "
+                             "--overwrite for the parts it does)")
     args = parser.parse_args()
-    rows = []
+    only = set(args.only.split(","))
+    if only - set(PARTS):
+        parser.error(f"--only: unknown parts {sorted(only - set(PARTS))}; expected some of {', '.join(PARTS)}")
+    if args.skip_models:
+        only &= {"functions"}
+    models = small_models()
+    if args.models is not None:
+        unknown = set(args.models) - {m for _, m, _ in models}
+        if unknown:
+            parser.error(f"--models: unknown {sorted(unknown)}; expected some of {[m for _, m, _ in models]}")
+        models = [entry for entry in models if entry[1] in args.models]
+    rows, share, train = [], [], []
 
-    def record(row):
+    def record(row, into=rows):
         row["load_1min"] = round(os.getloadavg()[0], 2)
-        rows.append(row)
-        print(f"{row['threads']}t {row['family']:24s} {row['what']:40s} HF {row['hf']:10.2f} "
-              f"linattn {row['linattn']:10.2f} {row['unit']}  {row['speedup']:6.2f}x  "
-              f"rel diff {row.get('max_rel_diff', 0):.1e}  load {row['load_1min']}", flush=True)
+        into.append(row)
+        if into is rows:
+            print(f"{row['threads']}t {row['family']:24s} {row['what']:40s} HF {row['hf']:10.2f} "
+                  f"linattn {row['linattn']:10.2f} {row['unit']}  {row['speedup']:6.2f}x  "
+                  f"rel diff {row.get('max_rel_diff', 0):.1e}  load {row['load_1min']}", flush=True)
+        else:
+            print(f"{row['threads']}t {row['model']:24s} {row['what']:40s} "
+                  + "  ".join(f"{k} {v:.3g}" for k, v in row.items() if isinstance(v, float)), flush=True)
 
     torch.manual_seed(0)
-    with torch.no_grad():
-        cases = op_cases(args.T, args.kda_T)
-        for threads in args.threads:
-            torch.set_num_threads(threads)
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-            for family, what, hf_call, ours_call, check in cases:
-                if args.decode_only and what != "decode step":
-                    continue
-                # a decode step takes well under a millisecond: many more runs for a stable median
-                n = args.repeats * 20 if what == "decode step" else args.repeats
-                hf_ms, ours_ms = paired_medians_ms([hf_call, ours_call], n)
-                record({"level": "function", "family": family, "what": what, "threads": threads, "unit": "ms",
-                        "hf": hf_ms, "linattn": ours_ms, "speedup": hf_ms / ours_ms,
-                        "max_rel_diff": rel(*check())})
-        del cases
-        if not (args.skip_models or args.decode_only):
-            for name, model_type, cfg in small_models():
-                torch.manual_seed(0)
-                model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-                ids = torch.randint(3, 4096, (1, args.model_T))
-                prompt = ids[:, :64]
-
-                def prefill(patch, m=model, model_type=model_type, ids=ids):
-                    with patch((model_type,)):
-                        return m(ids).logits
-
-                def generate(patch, m=model, model_type=model_type, prompt=prompt):
-                    with patch((model_type,)):
-                        return m.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                          do_sample=False)
-
-                for threads in args.threads:
-                    torch.set_num_threads(threads)
-                    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-                    hf_ms, ours_ms = paired_medians_ms([lambda: prefill(lt.use_hf_torch_fallback),
-                                                        lambda: prefill(lt.patch)], max(1, args.repeats - 1))
-                    err = rel(prefill(lt.patch), prefill(lt.use_hf_torch_fallback))
-                    T = args.model_T
+    if "functions" in only:
+        with torch.no_grad():
+            cases = op_cases(args.T, args.kda_T)
+            for threads in args.threads:
+                set_threads(threads)
+                for family, what, hf_call, ours_call, check in cases:
+                    if args.decode_only and what != "decode step":
+                        continue
+                    # a decode step takes well under a millisecond: many more runs for a stable median
+                    n = args.repeats * 20 if what == "decode step" else args.repeats
+                    hf_ms, ours_ms = paired_medians_ms([hf_call, ours_call], n)
+                    record({"level": "function", "family": family, "what": what, "threads": threads, "unit": "ms",
+                            "hf": hf_ms, "linattn": ours_ms, "speedup": hf_ms / ours_ms,
+                            "max_rel_diff": rel(*check())})
+            del cases
+    for name, model_type, cfg in models:
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        ids = torch.randint(3, 4096, (1, args.model_T))
+        prompt = ids[:, :64]
+        model_threads = args.threads if "models" in only else []
+        share_threads = args.share_threads if "share" in only else []
+        with torch.no_grad():
+            for threads in sorted(set(model_threads) | set(share_threads)):
+                set_threads(threads)
+                T = args.model_T
+                (hf_ms, hf_rec, hf_logits), (ours_ms, ours_rec, ours_logits) = paired_timed(
+                    model_type, [lambda m=model, x=ids: m(x).logits] * 2, max(1, args.repeats - 1))
+                err = rel(ours_logits, hf_logits)
+                if threads in model_threads:
                     record({"level": "model", "family": name, "what": f"prefill T={T}", "threads": threads,
                             "unit": "tokens/s", "hf": T / hf_ms * 1e3, "linattn": T / ours_ms * 1e3,
                             "speedup": hf_ms / ours_ms, "max_rel_diff": err})
+
+                    def generate(path, m=model, model_type=model_type, prompt=prompt):
+                        with path((model_type,)):
+                            return m.generate(prompt, max_new_tokens=args.new_tokens,
+                                              min_new_tokens=args.new_tokens, do_sample=False)
+
                     hf_ms, ours_ms = paired_medians_ms([lambda: generate(lt.use_hf_torch_fallback),
                                                         lambda: generate(lt.patch)], max(1, args.repeats - 1))
                     same = bool(torch.equal(generate(lt.patch), generate(lt.use_hf_torch_fallback)))
@@ -237,32 +414,113 @@ def main() -> None:
                     record({"level": "model", "family": name, "what": f"generate {n} tokens after 64",
                             "threads": threads, "unit": "tokens/s", "hf": n / hf_ms * 1e3,
                             "linattn": n / ours_ms * 1e3, "speedup": hf_ms / ours_ms, "same_tokens": same})
-                del model
+                if threads in share_threads:
+                    record({"model": name, "model_type": model_type, "what": f"prefill T={T}", "threads": threads,
+                            "unit": "ms", **share_row(hf_ms, hf_rec, ours_ms, ours_rec), "max_rel_diff": err},
+                           share)
+                    ((hf_ms, hf_rec), (ours_ms, ours_rec)), same = decode_share(model, model_type, prompt,
+                                                                                 args.decode_steps)
+                    record({"model": name, "model_type": model_type,
+                            "what": f"decode token after {prompt.shape[1]}", "threads": threads, "unit": "ms",
+                            **share_row(hf_ms, hf_rec, ours_ms, ours_rec), "same_tokens": same}, share)
+        if "train" in only:
+            model.train()
+            batch = torch.randint(3, 4096, (args.train_B, args.train_T))
+            for threads in args.threads:
+                set_threads(threads)
+                (hf_ms, hf_rec, hf_loss), (ours_ms, ours_rec, ours_loss) = paired_timed(
+                    model_type, [lambda m=model, x=batch: train_step(m, x)] * 2, max(1, args.repeats - 1))
+                ours_grads = grads(model)  # the last timed step was linattn's
+                with lt.use_hf_torch_fallback((model_type,)):
+                    train_step(model, batch)
+                diff, worst = grad_rel_diff(ours_grads, grads(model))
+                record({"model": name, "model_type": model_type,
+                        "what": f"forward + backward B={args.train_B} T={args.train_T}", "threads": threads,
+                        "unit": "ms", "hf": hf_ms, "linattn": ours_ms, "speedup": hf_ms / ours_ms,
+                        "hf_recurrent_forward": hf_rec, "linattn_recurrent_forward": ours_rec,
+                        "loss_rel_diff": rel(ours_loss, hf_loss), "max_grad_rel_diff": diff,
+                        "worst_grad": worst}, train)
+            model.zero_grad(set_to_none=True)
+        del model
 
     doc = {"tool": "scripts/hf_families_bench.py", "T": args.T, "kda_T": args.kda_T, "model_T": args.model_T, "B": 1,
            "dtype": "float32", "repeats": args.repeats, "threads": args.threads, "processor": processor(),
            "cpu_count": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
            "note": "medians of interleaved runs on a machine shared with other work; load_1min is os.getloadavg()[0]"
-                   " after each row", "rows": rows}
+                   " after each row", "parts": [part for part in PARTS if part in only], "rows": rows}
+    if share:
+        doc["share"] = {"threads": args.share_threads, "decode_steps": args.decode_steps, "timer": TIMER,
+                        "timed_prefills": max(1, args.repeats - 1), "rows": share}
+    if train:
+        doc["train"] = {"B": args.train_B, "T": args.train_T, "step": "forward + backward, no optimizer step",
+                        "timed_steps": max(1, args.repeats - 1), "rows": train}
+    if args.out and args.merge and Path(args.out).exists():
+        doc = merged(json.loads(Path(args.out).read_text(encoding="utf-8")), doc, only)
     if args.out:
-        print("wrote", atomic_write_json(args.out, doc, overwrite=args.overwrite))
+        print("wrote", atomic_write_json(args.out, doc, overwrite=args.overwrite or args.merge))
         md = Path(args.out).with_suffix(".md")
-        atomic_write(md, lambda tmp: tmp.write_text(table(doc), encoding="utf-8"), overwrite=args.overwrite)
+        atomic_write(md, lambda tmp: tmp.write_text(table(doc), encoding="utf-8"),
+                     overwrite=args.overwrite or args.merge)
         print("wrote", md)
     else:
         print(table(doc))
 
 
+def merged(old: dict, new: dict, only: set[str]) -> dict:
+    """``new`` with what ``old`` holds of the parts it did not run: the function or model rows (with the settings
+    they were run at) and the share and train sections."""
+    keep = {level for part, level in (("functions", "function"), ("models", "model")) if part not in only}
+    settings = {"function": ("T", "kda_T"), "model": ("model_T",)}
+    kept = [k for level in keep for k in settings[level]] + (["repeats", "threads"] if len(keep) == 2 else [])
+    doc = {**new, **{k: old[k] for k in kept if k in old}}
+    doc["rows"] = [r for r in old.get("rows", []) if r["level"] in keep] + new["rows"]
+    for part in ("share", "train"):
+        if part not in only and part in old:
+            doc[part] = old[part]
+    doc["parts"] = [part for part in PARTS if part in only or part in old.get("parts", ("functions", "models"))]
+    return doc
+
+
 def table(doc) -> str:
     lines = [f"HF's torch functions against linattn's, {doc['processor']} ({doc['cpu_count']} cores), float32, B = 1, "
-             f"medians of {doc['repeats']} interleaved runs; load average (1 min) per row.", "",
-             "| level | family | what | threads | HF | linattn | unit | speedup | max rel. diff | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"medians of {doc['repeats']} interleaved runs; load average (1 min) per row.", ""]
+    if doc["rows"]:
+        lines += ["| level | family | what | threads | HF | linattn | unit | speedup | max rel. diff | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         diff = f"{r['max_rel_diff']:.1e}" if "max_rel_diff" in r else ("same tokens" if r.get("same_tokens")
                                                                        else "tokens differ")
         lines.append(f"| {r['level']} | {r['family']} | {r['what']} | {r['threads']} | {r['hf']:,.2f} | "
                      f"{r['linattn']:,.2f} | {r['unit']} | {r['speedup']:.2f}x | {diff} | {r['load_1min']} |")
+    if "share" in doc:
+        lines += ["", f"Share of a token's time in the replaced functions ({doc['share']['timer']}); ms per call "
+                      f"(a prefill: median of {doc['share'].get('timed_prefills', '?')} after a warm-up; one decode "
+                      f"token: median of {doc['share']['decode_steps']} steps); "
+                      "Amdahl: the whole-model speedup the measured function speedup allows with the rest unchanged, "
+                      "and its limit (functions taking no time).", "",
+                  "| model | what | threads | HF total | HF recurrent | HF rest | HF share | linattn total | "
+                  "linattn recurrent | linattn rest | linattn share | function speedup | model speedup | Amdahl | "
+                  "Amdahl limit | load |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in doc["share"]["rows"]:
+            lines.append(f"| {r['model']} | {r['what']} | {r['threads']} | {r['hf_total']:,.1f} | "
+                         f"{r['hf_recurrent']:,.1f} | {r['hf_rest']:,.1f} | {r['hf_share']:.0%} | "
+                         f"{r['linattn_total']:,.1f} | {r['linattn_recurrent']:,.1f} | {r['linattn_rest']:,.1f} | "
+                         f"{r['linattn_share']:.0%} | {r['function_speedup']:.1f}x | {r['speedup']:.2f}x | "
+                         f"{r['amdahl_speedup']:.2f}x | {r['amdahl_limit']:.2f}x | {r['load_1min']} |")
+    if "train" in doc:
+        t = doc["train"]
+        lines += ["", f"Training step ({t['step']}), B = {t['B']}, T = {t['T']}, float32, the causal-LM loss; ms, "
+                      f"medians of {t.get('timed_steps', '?')} interleaved steps after a warm-up; recurrent "
+                      "forward: ms of the forward inside the replaced functions; gradient diff: the largest over "
+                      "parameters of max |linattn - HF| / max |HF|.", "",
+                  "| model | threads | HF ms | linattn ms | speedup | HF recurrent forward | "
+                  "linattn recurrent forward | loss rel. diff | max grad rel. diff (parameter) | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in t["rows"]:
+            lines.append(f"| {r['model']} | {r['threads']} | {r['hf']:,.0f} | {r['linattn']:,.0f} | "
+                         f"{r['speedup']:.2f}x | {r['hf_recurrent_forward']:,.0f} | "
+                         f"{r['linattn_recurrent_forward']:,.0f} | {r['loss_rel_diff']:.1e} | "
+                         f"{r['max_grad_rel_diff']:.1e} ({r['worst_grad']}) | {r['load_1min']} |")
     return "\n".join(lines) + "\n"
 
 
