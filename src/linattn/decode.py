@@ -225,8 +225,9 @@ class Decoder:
     [`linattn.step`][linattn.step] returns ``o [B, HV, Dv]``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)``
     would, and raises the same errors for bad input. ``state`` must be a [`State`][linattn.State] that an in-place
     step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
-    (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
-    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path. Which backend runs is planned
+    (float32 or bfloat16 CPU tensors in any mix, a built-in elementwise or L2 feature map, the state float32 in
+    linattn's own layout) runs one compiled call, which widens bfloat16 as it reads it and writes ``o`` in
+    ``v.dtype`` (rounded once from float32, as torch's cast); anything else runs [`linattn.step`][linattn.step]'s full path. Which backend runs is planned
     once, here (`linattn.backends.plan_step`); a Decoder is made and called outside ``torch.func`` transforms
     (a ``ValueError`` says so: it updates its state in place).
     """

@@ -236,18 +236,17 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     w = np.empty(Dw, dtype=np.float32)
     r = np.empty(Dw, dtype=np.float32)
     p = np.empty(Dw, dtype=np.float32)
-    row = np.empty(D, dtype=np.float32)  # a bfloat16 row of q or k widened
     group = HV // Hq
     for b in range(B):
         for hq in range(Hq):  # query/key head hq of sequence b and the value heads it serves, through one token
-            if q_bf:
-                _widen_jit(q16[b, hq], row)
-                features_jit(row, qf, code)
+            if q_bf:  # a bfloat16 row widened into ka first (free until the per-channel delta read)
+                _widen_jit(q16[b, hq], ka)
+                features_jit(ka, qf, code)
             else:
                 features_jit(q[b, hq], qf, code)
             if k_bf:
-                _widen_jit(k16[b, hq], row)
-                features_jit(row, kf, code)
+                _widen_jit(k16[b, hq], ka)
+                features_jit(ka, kf, code)
             else:
                 features_jit(k[b, hq], kf, code)
             qk = np.float32(0.0)
