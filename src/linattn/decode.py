@@ -76,14 +76,13 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
             and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
             and not (q.requires_grad or k.requires_grad or v.requires_grad or q.is_neg() or k.is_neg() or v.is_neg())):
         return None
-    q_dtype, k_dtype, v_dtype = q.dtype, k.dtype, v.dtype
-    if q_dtype is _F32 and k_dtype is _F32 and v_dtype is _F32:
-        dtypes = 0
-    elif (q_dtype is _F32 or q_dtype is _BF16) and (k_dtype is _F32 or k_dtype is _BF16) and (
-            v_dtype is _F32 or v_dtype is _BF16):  # the kernel's BF16_Q, BF16_K, BF16_V bits
+    dtypes = 0  # the kernel's BF16_* bits: which inputs it widens from bfloat16 (float32 the fast test)
+    if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32):
+        q_dtype, k_dtype, v_dtype = q.dtype, k.dtype, v.dtype
+        if not ((q_dtype is _F32 or q_dtype is _BF16) and (k_dtype is _F32 or k_dtype is _BF16)
+                and (v_dtype is _F32 or v_dtype is _BF16)):
+            return None
         dtypes = (q_dtype is _BF16) | (k_dtype is _BF16) << 1 | (v_dtype is _BF16) << 2
-    else:
-        return None
     q_shape, v_shape = q.shape, v.shape
     if len(q_shape) != 3 or len(v_shape) != 3 or k.shape != q_shape:
         return None
@@ -96,11 +95,10 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     if gated:
         if not (type(g) is _Tensor and g.is_cpu and g.is_contiguous() and not g.requires_grad and not g.is_neg()):
             return None
-        g_dtype = g.dtype
-        if g_dtype is _BF16:
+        if g.dtype is not _F32:
+            if g.dtype is not _BF16:
+                return None
             dtypes |= 8  # BF16_G
-        elif g_dtype is not _F32:
-            return None
         g_shape = g.shape
         if g_shape == (B, HV):
             width = 1
@@ -114,11 +112,10 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
         if not (type(beta) is _Tensor and beta.is_cpu and beta.is_contiguous()
                 and not beta.requires_grad and beta.shape == (B, HV) and not beta.is_neg()):
             return None
-        b_dtype = beta.dtype
-        if b_dtype is _BF16:
+        if beta.dtype is not _F32:
+            if beta.dtype is not _BF16:
+                return None
             dtypes |= 16  # BF16_BETA
-        elif b_dtype is not _F32:
-            return None
     elif beta is not None:
         return None
     # The state: its record agrees, S [B, HV, D, Dv] the columns of one contiguous [B, HV, D, Dw] buffer, z
@@ -227,9 +224,9 @@ class Decoder:
     step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
     (float32 or bfloat16 CPU tensors in any mix, a built-in elementwise or L2 feature map, the state float32 in
     linattn's own layout) runs one compiled call, which widens bfloat16 as it reads it and writes ``o`` in
-    ``v.dtype`` (rounded once from float32, as torch's cast); anything else runs [`linattn.step`][linattn.step]'s full path. Which backend runs is planned
-    once, here (`linattn.backends.plan_step`); a Decoder is made and called outside ``torch.func`` transforms
-    (a ``ValueError`` says so: it updates its state in place).
+    ``v.dtype`` (rounded once from float32, as torch's cast); anything else runs [`linattn.step`][linattn.step]'s
+    full path. Which backend runs is planned once, here (`linattn.backends.plan_step`); a Decoder is made and
+    called outside ``torch.func`` transforms (a ``ValueError`` says so: it updates its state in place).
     """
 
     def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,
