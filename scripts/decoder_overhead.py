@@ -65,7 +65,7 @@ def main() -> None:
         gated, delta = "g" in kw, "beta" in kw
         args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), kw["g"].data_ptr() if gated else 0,
                 kw["beta"].data_ptr() if delta else 0, alone.S.data_ptr(), alone.S.data_ptr(), o.data_ptr(), B, Hq,
-                H, D, D, 1 if gated else 0, cpu_decode.FEATURE_CODES[fmap], False, not delta, delta, 0, D**-0.5, 1e-6)
+                H, D, D, 1 if gated else 0, cpu_decode.FEATURE_CODES[fmap], False, not delta, delta, D**-0.5, 1e-6)
 
         def run_kernel(args=args):
             cpu_decode.decode(*args)

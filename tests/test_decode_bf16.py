@@ -159,7 +159,7 @@ def test_split_bf16_step_equals_the_serial_one_and_checks_bf16_gates(monkeypatch
         torch.set_num_threads(2)
         split = []
         real = cpu_decode.decode_split
-        monkeypatch.setattr(cpu_decode, "decode_split", lambda n, *a: split.append(n) or real(n, *a))
+        monkeypatch.setattr(cpu_decode, "decode_split", lambda n, *a, **kw: split.append(n) or real(n, *a, **kw))
         for per in ("batch", "heads"):  # B > 1 splits by sequence; one sequence by query/key head
             b = slice(None) if per == "batch" else slice(2, 3)
             o, s = linattn.step(state=State(start("gated_delta", False, 3, 4, 6, 5).S[b].contiguous()),

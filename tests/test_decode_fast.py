@@ -556,7 +556,7 @@ def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, in
         pytest.skip("numba has one thread")
     split = []
     real = cpu_decode.decode_split
-    monkeypatch.setattr(cpu_decode, "decode_split", lambda n, *a: split.append(n) or real(n, *a))
+    monkeypatch.setattr(cpu_decode, "decode_split", lambda n, *a, **kw: split.append(n) or real(n, *a, **kw))
     q, k, v, kw = stable_inputs(rule, gate, fmap, B=3, H=2, G=2, D=9, Dv=6)
     opts = dict(rule=rule, feature_map=fmap)
     threads = torch.get_num_threads()
@@ -638,7 +638,7 @@ def test_split_decode_with_a_bad_gate_writes_nothing(monkeypatch):
     buf = torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1).contiguous()  # the kernel's [S | z] layout
     buf0, o, g1 = buf.clone(), torch.zeros_like(v), g.unsqueeze(-1).contiguous()
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g1.data_ptr(), q.data_ptr(), buf.data_ptr(), buf.data_ptr(),
-            o.data_ptr(), B, H, H, D, D, 1, cpu_decode.FEATURE_CODES["elu1"], 0, 1, 0, 0, D**-0.5, 1e-6)
+            o.data_ptr(), B, H, H, D, D, 1, cpu_decode.FEATURE_CODES["elu1"], 0, 1, 0, D**-0.5, 1e-6)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

@@ -144,11 +144,13 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
         out = buf.data_ptr()
     o = _empty_like(v)  # v is [B, HV, Dv] contiguous: so is o, in v's dtype (whatever the default dtype or device)
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0, beta.data_ptr() if delta else 0,
-            S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, width, code, clamp, normalize, delta, dtypes,
+            S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, width, code, clamp, normalize, delta,
             D**-0.5 if scale is None else scale, eps)
     entries = B * HV * D * Dw  # the policy's split threshold, read inline: decode is all overhead at batch 1
     if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
-        status = kd.decode_split(threads, *args)  # past the measured threshold: heads split over threads
+        status = kd.decode_split(threads, *args, dtypes=dtypes)  # past the measured threshold: split over threads
+    elif dtypes:
+        status = kd.decode_bf16(*args[:18], dtypes, *args[18:])
     else:
         status = kd.decode(*args)
     if status != kd.OK:

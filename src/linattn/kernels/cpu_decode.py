@@ -19,8 +19,11 @@ the state without runtime alias checks:
   rounding then differs from the torch step at the 1e-7 level.
 
 The caller (``linattn.step``) has already proved that shapes, dtypes, layouts and the state's record fit, and
-passes raw addresses of contiguous float32 CPU tensors: this module trusts its arguments. Only the gate values
-are checked here, before anything is written, because reading them costs a torch reduction in Python.
+passes raw addresses of contiguous CPU tensors: the state float32, the token's tensors float32 or bfloat16 (a
+bfloat16 input is widened as it is read, and o, in v's dtype, rounded to nearest even once from float32, so a
+bfloat16 step equals the float32 step on the widened values, bit for bit). This module trusts its arguments.
+Only the gate values are checked here, before anything is written, because reading them costs a torch reduction
+in Python.
 """
 
 from __future__ import annotations
@@ -207,8 +210,8 @@ _widen_jit = numba.njit(**_INLINE)(_widen)
 _bad_gates_jit = numba.njit(**_INLINE)(_bad_gates)
 
 
-def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
-            normalize, delta, dtypes, scale, eps):
+def _decode_any(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
+                normalize, delta, dtypes, scale, eps):
     """One token: q, k [B, Hq, D]; v, o [B, HV, Dv]; g [B, HV, gate_width] (gate_width 0: no gate); beta [B, HV]
     (read when ``delta``); the state S [B, HV, D, Dw] at ``S_at`` (Dw = Dv + 1 with the normalizer column), the new
     state written at ``out_at`` (the same address: in place). Value head h reads q/k head h // (HV / Hq). ``clamp``,
@@ -326,13 +329,47 @@ def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, D
     return OK
 
 
+_decode_any_jit = numba.njit(**_INLINE)(_decode_any)
+
+
+def _decode(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
+            normalize, delta, scale, eps):
+    """`_decode_any` with every input float32: ``dtypes`` is the constant 0, so LLVM drops the bfloat16 branches
+    and the float32 step runs the code it ran before bfloat16 existed (one argument fewer to unbox, too: measured
+    0.08-0.14 us of a 4.7 us step)."""
+    return _decode_any_jit(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code,
+                           clamp, normalize, delta, 0, scale, eps)
+
+
+def _decode_bf16(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code, clamp,
+                 normalize, delta, dtypes, scale, eps):
+    """`_decode_any` with some inputs bfloat16 (``dtypes`` their BF16_* bits)."""
+    return _decode_any_jit(q_at, k_at, v_at, g_at, beta_at, S_at, out_at, o_at, B, Hq, HV, D, Dv, gate_width, code,
+                           clamp, normalize, delta, dtypes, scale, eps)
+
+
 # Compiled for one signature when this module is imported (loaded from the cache after the first time).
-_SIGNATURE = types.int64(*([types.int64] * 19), types.float64, types.float64)
+_SIGNATURE = types.int64(*([types.int64] * 18), types.float64, types.float64)
 _dispatcher = numba.njit(_SIGNATURE, **_FLAGS)(_decode)
+# The bfloat16 step: compiled (or loaded from the cache) on its first call, so a float32 user never waits for it.
+_SIGNATURE_BF16 = types.int64(*([types.int64] * 19), types.float64, types.float64)
+_dispatcher_bf16 = numba.njit(**_FLAGS)(_decode_bf16)
+_ENTRIES: dict = {}
 # The compiled wrapper of that signature, called directly: numba's dispatcher spends about as long finding the
 # overload for 20 arguments as the kernel of a small state takes (measured 1.7 of 2.9 us). The caller passes
 # Python ints and floats only, in this order; anything else is a TypeError from the wrapper.
 decode = getattr(_dispatcher.overloads.get(_dispatcher.signatures[0]), "entry_point", None) or _dispatcher
+
+
+def decode_bf16(*args) -> int:
+    """`decode` with the ``dtypes`` argument after ``delta`` (the BF16_* bits of the inputs held as bfloat16);
+    the compiled wrapper, called directly after the first call as `decode` is."""
+    entry = _ENTRIES.get("bf16")
+    if entry is None:
+        _dispatcher_bf16.compile(_SIGNATURE_BF16.args)
+        entry = getattr(_dispatcher_bf16.overloads.get(_SIGNATURE_BF16.args), "entry_point", None) or _dispatcher_bf16
+        _ENTRIES["bf16"] = entry
+    return entry(*args)
 
 
 def split_of(args: tuple) -> tuple[int, int, int, int, int, int, int, int]:
@@ -349,10 +386,10 @@ def split_of(args: tuple) -> tuple[int, int, int, int, int, int, int, int]:
     return KIND_VALUE_HEADS, HV, group, 0, Dv, gate_width, 1, D * Dw
 
 
-def _chunk(args: tuple, split: tuple, lo: int, hi: int) -> tuple:
-    """`decode`'s arguments for units ``lo`` to ``hi`` of ``split`` (`split_of`)."""
+def _chunk(args: tuple, split: tuple, lo: int, hi: int, dtypes: int) -> tuple:
+    """`decode`'s arguments for units ``lo`` to ``hi`` of ``split`` (`split_of`), the inputs ``dtypes`` marks
+    bfloat16 two bytes an element."""
     kind, _, group, qs, vs, gs, bs, ss = split
-    dtypes = args[18]
 
     def size(bit: int) -> int:  # bytes per element of the input that BF16_* bit marks
         return 2 if dtypes & bit else 4
@@ -365,21 +402,23 @@ def _chunk(args: tuple, split: tuple, lo: int, hi: int) -> tuple:
             args[6] + lo * ss * 4, args[7] + lo * vs * size(BF16_V), *shape, *args[11:])
 
 
-def decode_split(threads: int, *args) -> int:
+def decode_split(threads: int, *args, dtypes: int = 0) -> int:
     """`decode` with its work (`split_of`) split over up to ``threads`` threads (no more than numba has) of the
-    Python pool; same arguments after the thread count, same return.
+    Python pool; same arguments after the thread count, same return; ``dtypes`` as `decode_bf16` takes it (0: all
+    float32).
 
     Each thread runs the one serial build on its own slice, given as address offsets: no parallel build to compile.
     The gates are all checked here first, so a bad one still leaves nothing written.
     """
     gate_width, g_at, B, HV = args[13], args[3], args[8], args[10]
-    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width, args[18] & BF16_G):
+    if gate_width > 0 and _bad_gate_values(g_at, B * HV * gate_width, dtypes & BF16_G):
         return BAD_GATE
     split = split_of(args)
     status = [OK]
 
     def part(lo: int, hi: int) -> None:
-        res = decode(*_chunk(args, split, lo, hi))
+        part_args = _chunk(args, split, lo, hi, dtypes)
+        res = decode_bf16(*part_args[:18], dtypes, *part_args[18:]) if dtypes else decode(*part_args)
         if res != OK:
             status[0] = res
 
