@@ -34,15 +34,19 @@ def torch_forms():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Calls of the compiled batch-1 decode entry, recorded (it still runs): proof that the fast path ran."""
+    """Calls of the compiled batch-1 decode entries, recorded (they still run): proof that the fast path ran. A
+    float32 call's arguments as `decode` takes them; a bfloat16 one's as `decode_bf16` does (``dtypes`` at 18)."""
     from linattn.kernels import cpu_decode
 
     seen = []
-    real = cpu_decode.decode
 
-    def spy(*args):
-        seen.append(args)
-        return real(*args)
+    def spy(real):
+        def call(*args):
+            seen.append(args)
+            return real(*args)
 
-    monkeypatch.setattr(cpu_decode, "decode", spy)
+        return call
+
+    monkeypatch.setattr(cpu_decode, "decode", spy(cpu_decode.decode))
+    monkeypatch.setattr(cpu_decode, "decode_bf16", spy(cpu_decode.decode_bf16))
     return seen

@@ -613,3 +613,40 @@ def test_every_model_types_own_function_against_its_hf_torch_code(model_type, na
     assert pairs
     for a, b in pairs:
         assert a.shape == b.shape and rel(a, b) <= 2e-5, (model_type, name)
+
+
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """One bfloat16 ulp at each |x| (8 significant bits): 2^(floor(log2 |x|) - 7), the smallest normal's below."""
+    a = x.double().abs().clamp_min(2.0**-126)
+    return torch.exp2(torch.floor(torch.log2(a)) - 7)
+
+
+@pytest.mark.parametrize("family", ["kda", "gated_delta"])
+@pytest.mark.parametrize("g_dtype", [torch.float32, torch.bfloat16])
+def test_delta_rule_decode_in_bf16_is_one_kernel_call_and_agrees_with_hf(calls, family, g_dtype):
+    """A bfloat16 checkpoint's decode step (q, k, v, beta in bfloat16; g as HF computes it, float32, or bfloat16;
+    the cache's state float32): one kernel call on HF's own tensors, the output in bfloat16 as HF returns it.
+    Both compute in float32 and round once to bfloat16, in another summation order: outputs agree to one bfloat16
+    ulp (the two float32 results may straddle a rounding boundary), states to float32 rounding."""
+    kda = family == "kda"
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, g, beta, S0 = delta_inputs(4, gen, per_channel=kda, B=2, H=3, HV=3 if kda else 6, K=13, Dv=9,
+                                        dtype=torch.float32)
+    q, k, v, beta = (x.to(torch.bfloat16) for x in (q, k, v, beta))
+    g = g.to(g_dtype)
+    ours, module, name = ((lt.recurrent_kimi_delta_attention, KIMI, "recurrent_kimi_delta_attention") if kda else
+                          (lt.recurrent_gated_delta_rule, QWEN, "torch_recurrent_gated_delta_rule"))
+    S, S_hf = S0.clone(), S0.clone()
+    with torch.no_grad():
+        for t in range(4):
+            step = [x[:, t:t + 1] for x in (q, k, v, g, beta)]
+            o, S_out = ours(*step, initial_state=S, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            o_hf, S_hf = hf(module, name)(*step, initial_state=S_hf, output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True)
+            assert S_out is S and o.dtype == o_hf.dtype == torch.bfloat16 and S_hf.dtype == torch.float32
+            assert ((o.double() - o_hf.double()).abs() <= bf16_ulp(o_hf)).all()
+            assert rel(S, S_hf) <= 1e-5
+    assert len(calls) == 4 and calls[-1][18] == 1 | 2 | 4 | 16 | (8 if g_dtype == torch.bfloat16 else 0)
+    o_ref, S_ref = delta_ref(*(x.double() for x in (q, k, v, g, beta, S0)))
+    assert rel(S, S_ref) <= 1e-5
+    assert rel(o[:, 0], o_ref[:, 3]) <= 2**-8  # the last output, rounded to bfloat16

@@ -148,7 +148,9 @@ def step(
     ``state=None`` starts from zeros. ``inplace=True`` updates the state's memory instead of allocating a new
     one (no autograd through it: an input that requires grad is refused while grad is on); the state must then
     already be in the accumulation dtype.
-    ``backend`` as in `linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can).
+    ``backend`` as in `linear_attention` (``"auto"`` takes the fused compiled step on CPU when it can: a float32
+    state and float32 or bfloat16 tokens in any mix, bfloat16 widened as the kernel reads it; ``o`` is in
+    ``v.dtype`` either way, the float32 result rounded once as torch's cast rounds it).
     Under ``torch.func.vmap`` the torch step runs and the gate's values are not checked (``g <= 0``: a batched
     tensor's values cannot be read into Python); ``inplace=True`` there needs a state that vmap batches too.
     """

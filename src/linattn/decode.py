@@ -21,7 +21,7 @@ from linattn.ops import DELTA_RULES, GATED_RULES, RULES
 from linattn.ops.common import normalized_read
 from linattn.state import State, record_mismatch
 
-_F32 = torch.float32
+_F32, _BF16 = torch.float32, torch.bfloat16
 _Tensor = torch.Tensor
 _empty_like, _inference_mode = torch.empty_like, torch.is_inference_mode_enabled  # bound once: decode is hot
 
@@ -66,16 +66,23 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     torch ops around a step cost as much as the step itself, so it proves with attribute reads only (each ~50 ns,
     where a torch op costs ~1 us, a function call ~100 ns: hence written out inline) that the call needs nothing
     the kernel lacks: q, k ``[B, Hq, D]``, v ``[B, HV, Dv]``, g and beta as the kernel reads them, all float32
-    contiguous CPU tensors outside autograd with no negative views; a state whose record (if any) agrees with
-    ``fixed`` (from `plain_args`) and whose S and z are the columns of one contiguous float32 buffer. Nothing
-    is cached between calls: every fact is read again (a tensor's layout can change in place). A bad gate value
-    is the kernel's to find (before it writes): then None, and the full path raises the error that names it."""
+    or bfloat16 (any mix: the kernel widens bfloat16 as it reads it) contiguous CPU tensors outside autograd with
+    no negative views; a state whose record (if any) agrees with ``fixed`` (from `plain_args`) and whose S and z
+    are the columns of one contiguous float32 buffer. o comes in v's dtype. Nothing is cached between calls:
+    every fact is read again (a tensor's layout can change in place). A bad gate value is the kernel's to find
+    (before it writes): then None, and the full path raises the error that names it."""
     kd, rule, code, fmap_name, normalize, gated, delta, scale, eps, clamp = fixed
-    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
-            and q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32 and q.is_cpu and k.is_cpu and v.is_cpu
+    if not (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and q.is_cpu and k.is_cpu and v.is_cpu
             and q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
             and not (q.requires_grad or k.requires_grad or v.requires_grad or q.is_neg() or k.is_neg() or v.is_neg())):
         return None
+    dtypes = 0  # the kernel's BF16_* bits: which inputs it widens from bfloat16 (float32 the fast test)
+    if not (q.dtype is _F32 and k.dtype is _F32 and v.dtype is _F32):
+        q_dtype, k_dtype, v_dtype = q.dtype, k.dtype, v.dtype
+        if not ((q_dtype is _F32 or q_dtype is _BF16) and (k_dtype is _F32 or k_dtype is _BF16)
+                and (v_dtype is _F32 or v_dtype is _BF16)):
+            return None
+        dtypes = (q_dtype is _BF16) | (k_dtype is _BF16) << 1 | (v_dtype is _BF16) << 2
     q_shape, v_shape = q.shape, v.shape
     if len(q_shape) != 3 or len(v_shape) != 3 or k.shape != q_shape:
         return None
@@ -86,9 +93,12 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     # Delta's on the delta rule); beta [B, HV] for the delta rules.
     width = 0
     if gated:
-        if not (type(g) is _Tensor and g.dtype is _F32 and g.is_cpu and g.is_contiguous() and not g.requires_grad
-                and not g.is_neg()):
+        if not (type(g) is _Tensor and g.is_cpu and g.is_contiguous() and not g.requires_grad and not g.is_neg()):
             return None
+        if g.dtype is not _F32:
+            if g.dtype is not _BF16:
+                return None
+            dtypes |= 8  # BF16_G
         g_shape = g.shape
         if g_shape == (B, HV):
             width = 1
@@ -99,9 +109,13 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     elif g is not None:
         return None
     if delta:
-        if not (type(beta) is _Tensor and beta.dtype is _F32 and beta.is_cpu and beta.is_contiguous()
+        if not (type(beta) is _Tensor and beta.is_cpu and beta.is_contiguous()
                 and not beta.requires_grad and beta.shape == (B, HV) and not beta.is_neg()):
             return None
+        if beta.dtype is not _F32:
+            if beta.dtype is not _BF16:
+                return None
+            dtypes |= 16  # BF16_BETA
     elif beta is not None:
         return None
     # The state: its record agrees, S [B, HV, D, Dv] the columns of one contiguous [B, HV, D, Dw] buffer, z
@@ -128,13 +142,15 @@ def fast_decode(fixed: tuple, q, k, v, g, beta, state, inplace: bool) -> tuple |
     else:  # the kernel reads the old state and writes the new one into a fresh buffer: no copy first
         buf = S.new_empty((B, HV, D, Dw))
         out = buf.data_ptr()
-    o = _empty_like(v)  # v is [B, HV, Dv] float32 contiguous: so is o (whatever the default dtype or device)
+    o = _empty_like(v)  # v is [B, HV, Dv] contiguous: so is o, in v's dtype (whatever the default dtype or device)
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr() if gated else 0, beta.data_ptr() if delta else 0,
             S_at, out, o.data_ptr(), B, Hq, HV, D, Dv, width, code, clamp, normalize, delta,
             D**-0.5 if scale is None else scale, eps)
     entries = B * HV * D * Dw  # the policy's split threshold, read inline: decode is all overhead at batch 1
     if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
-        status = kd.decode_split(threads, *args)  # past the measured threshold: heads split over threads
+        status = kd.decode_split(threads, *args, dtypes=dtypes)  # past the measured threshold: split over threads
+    elif dtypes:
+        status = kd.decode_bf16(*args[:18], dtypes, *args[18:])
     else:
         status = kd.decode(*args)
     if status != kd.OK:
@@ -208,10 +224,11 @@ class Decoder:
     [`linattn.step`][linattn.step] returns ``o [B, HV, Dv]``, as ``linattn.step(q, k, v, dec.state, ..., inplace=True)``
     would, and raises the same errors for bad input. ``state`` must be a [`State`][linattn.State] that an in-place
     step can update (e.g. from ``State.zeros`` or a prefill); its dtype is the accumulation dtype. The plain case
-    (float32 CPU tensors, a built-in elementwise or L2 feature map, the state in linattn's own layout) runs one
-    compiled call; anything else runs [`linattn.step`][linattn.step]'s full path. Which backend runs is planned
-    once, here (`linattn.backends.plan_step`); a Decoder is made and called outside ``torch.func`` transforms
-    (a ``ValueError`` says so: it updates its state in place).
+    (float32 or bfloat16 CPU tensors in any mix, a built-in elementwise or L2 feature map, the state float32 in
+    linattn's own layout) runs one compiled call, which widens bfloat16 as it reads it and writes ``o`` in
+    ``v.dtype`` (rounded once from float32, as torch's cast); anything else runs [`linattn.step`][linattn.step]'s
+    full path. Which backend runs is planned once, here (`linattn.backends.plan_step`); a Decoder is made and
+    called outside ``torch.func`` transforms (a ``ValueError`` says so: it updates its state in place).
     """
 
     def __init__(self, state: State, *, rule: str = "accumulate", feature_map=None, scale: float | None = None,

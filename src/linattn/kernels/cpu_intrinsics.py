@@ -30,6 +30,26 @@ def f32_pointer(typingctx, address):
 
 
 @intrinsic
+def i16_pointer(typingctx, address):
+    """An integer address as an int16 pointer (bfloat16 bits), for ``numba.carray``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return nbtypes.CPointer(nbtypes.int16)(address), codegen
+
+
+@intrinsic
+def _float_bits(typingctx, x):
+    """The IEEE bits of a float32 as an int32 (a bitcast)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return nbtypes.int32(nbtypes.float32), codegen
+
+
+@intrinsic
 def _prefetch(typingctx, address):
     """Ask for the cache line at an integer address (``llvm.prefetch``: a read, kept in all cache levels)."""
 
@@ -68,6 +88,17 @@ def _f32_overload(x):
     if isinstance(x, nbtypes.Integer) and x.bitwidth == 16:  # bfloat16 is the top half of a float32
         return lambda x: _bits_as_float(np.int32(np.int64(np.uint16(x)) << 16))
     return None
+
+
+def bf16_round(x):
+    """A float32 rounded to the nearest bfloat16, ties to even, as its int16 bits: what torch's cast to bfloat16
+    gives (a NaN becomes the quiet NaN 0x7FC0)."""
+    u = np.int64(_float_bits(x)) & 0xFFFFFFFF
+    r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return np.int16(np.uint16(0x7FC0 if x != x else r))
+
+
+bf16_round_jit = numba.njit(**_INLINE)(bf16_round)
 
 
 # Feature maps computed inside the kernels, by code (the same definitions as linattn.feature_maps); any other map

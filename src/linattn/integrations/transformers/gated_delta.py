@@ -71,7 +71,9 @@ def recurrent_gated_delta_rule(
     With ``initial_state`` and ``output_final_state=True`` (HF's decode step with a cache), outside autograd and
     with the state in float32 (or float64 inputs), the step updates ``initial_state`` in place through a
     `linattn.Decoder` kept for that tensor, and returns it as the final state: HF's cache then copies it onto
-    itself. Otherwise (autograd records, another state dtype, no state, or the final state not asked for) it runs
+    itself. As HF's function, it computes in float32 and returns the output in query's dtype: bfloat16 tokens
+    (a bfloat16 checkpoint) are widened inside the one-call kernel, with no float32 copies. Otherwise (autograd
+    records, another state dtype, no state, or the final state not asked for) it runs
     [`linattn.step`][linattn.step] and leaves ``initial_state`` as it was, as HF's own function does."""
     if not on_linattn(backend, fallback, query):
         return fallback(query, key, value, g=g, beta=beta, initial_state=initial_state,
@@ -86,7 +88,7 @@ def recurrent_gated_delta_rule(
                                       scale=scale, backend=backend)
     feature_map = "l2" if use_qk_l2norm_in_kernel else None
     q, k, v, g, beta = query.select(1, 0), key.select(1, 0), value.select(1, 0), g.select(1, 0), beta.select(1, 0)
-    if g.dtype not in (torch.float32, torch.float64):
+    if g.dtype not in (torch.float32, torch.float64, torch.bfloat16):  # (the decode kernel reads bfloat16 itself)
         g = g.to(torch.float32)
     dec = None
     if initial_state is not None and output_final_state:
