@@ -18,12 +18,13 @@ SCRIPT = """
 import numpy as np
 from linattn.backends import cpu
 cpu_conv = cpu.kernel("cpu_conv")  # loaded as linattn loads every kernel: the notice is listening first
-xs, wT, b = np.ones((1, 5, 3), np.float32), np.ones((2, 3), np.float32), np.zeros(3, np.float32)
-offs = np.zeros(4, np.int64)
-pre, sig, gy = (np.full((1, 4, 3), 0.5, np.float32) for _ in range(3))
-cpu_conv.forward(xs, wT, b, offs, False, pre)
+x, wT, b = np.ones((1, 4, 3), np.float32), np.ones((2, 3), np.float32), np.zeros(3, np.float32)
+hist, offs = np.ones((1, 1, 3), np.float32), np.zeros(4, np.int64)
+y, pre = np.empty((1, 4, 3), np.float32), np.empty((1, 4, 3), np.float32)
+cpu_conv.forward(x.ctypes.data, 12, 3, 1, hist, True, wT, b, offs, False, True, 0, 4, y, pre, True)
+xs, gy = np.ones((1, 5, 3), np.float32), np.full((1, 4, 3), 0.5, np.float32)
 gxs, gwT, gb = np.empty_like(xs), np.empty_like(wT), np.empty(3, np.float32)
-cpu_conv.backward(xs, wT, offs, False, True, pre, sig, gy, gxs, gwT, gb)
+cpu_conv.backward(xs, wT, offs, False, True, pre, gy, gxs, gwT, gb)
 print("ok")
 """
 

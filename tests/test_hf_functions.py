@@ -294,7 +294,7 @@ def test_mamba2_decode_step_with_values_varying_along_the_head_dim_takes_hf_code
 def test_mamba2_decode_step_names_a_D_that_does_not_broadcast():
     gen = torch.Generator().manual_seed(33)
     args, kw = _per_head_args(gen, torch.float32, "expanded", "expanded", "expanded", None, False)
-    with pytest.raises(ValueError, match=r"^D: expected \[H, P\] = \[4, 4\]"):
+    with pytest.raises(ValueError, match=r"^D: expected \[H, P\] = \(4, 4\)"):
         lt.mamba2_selective_state_update(torch.zeros(2, 4, 4, 5), *args, **{**kw, "D": torch.ones(3)})
 
 

@@ -82,7 +82,8 @@ def _check_per_head(t: torch.Tensor, name: str, shape: tuple, lead: int) -> None
     dim (the rule has one gate per head)."""
     got = t.shape
     if len(got) != len(shape) or any(n is not None and n != m for n, m in zip(shape, got, strict=True)):
-        raise ValueError(f"{name}: expected HF's shape {['*' if n is None else n for n in shape]}, got {list(got)}")
+        want = "[" + ", ".join("*" if n is None else str(n) for n in shape) + "]"
+        raise ValueError(f"{name}: expected HF's shape {want}, got shape {tuple(t.shape)}")
     strides = t.stride()
     if all(strides[d] == 0 or got[d] == 1 for d in range(lead + 1, len(got))):
         return
@@ -148,7 +149,7 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
     if not _expanded(shape, dt, A, dt_bias):  # not as HF's layers pass them: checked, maybe by value, or to HF
         try:
             if len(shape) != 3:
-                raise ValueError(f"hidden_states: expected [B, H, P], got {list(shape)}")
+                raise ValueError(f"hidden_states: expected [B, H, P], got shape {tuple(hidden_states.shape)}")
             _check_per_head(dt, "dt", tuple(shape), 1)
             _check_per_head(A, "A", (shape[1], shape[2], None), 0)
             if dt_bias is not None:
@@ -159,8 +160,8 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
             return inspect.unwrap(fallback)(state, hidden_states, dt, A, B, C, D=D, dt_bias=dt_bias,
                                             dt_softplus=dt_softplus, z=z)
     if D is not None and D.shape != shape[1:] and not _broadcasts(D.shape, shape):
-        raise ValueError(f"D: expected [H, P] = {list(shape[1:])} (or a shape that broadcasts to hidden_states' "
-                         f"{list(shape)}), got {list(D.shape)}")
+        raise ValueError(f"D: expected [H, P] = {tuple(hidden_states.shape[1:])} (or a shape that broadcasts to "
+                         f"hidden_states' {tuple(hidden_states.shape)}), got shape {tuple(D.shape)}")
     batch, H = shape[0], shape[1]
     cd = torch.float64 if state.dtype == torch.float64 else torch.float32
     # One value per head, read as views (the checks above proved them; one torch call each: at batch 1 the
