@@ -407,13 +407,14 @@ def main() -> None:
                             return m.generate(prompt, max_new_tokens=args.new_tokens,
                                               min_new_tokens=args.new_tokens, do_sample=False)
 
-                    hf_ms, ours_ms = paired_medians_ms([lambda: generate(lt.use_hf_torch_fallback),
-                                                        lambda: generate(lt.patch)], max(1, args.repeats - 1))
+                    # (names of their own: the share row below reads the prefill's times)
+                    hf_gen, ours_gen = paired_medians_ms([lambda: generate(lt.use_hf_torch_fallback),
+                                                          lambda: generate(lt.patch)], max(1, args.repeats - 1))
                     same = bool(torch.equal(generate(lt.patch), generate(lt.use_hf_torch_fallback)))
                     n = args.new_tokens
                     record({"level": "model", "family": name, "what": f"generate {n} tokens after 64",
-                            "threads": threads, "unit": "tokens/s", "hf": n / hf_ms * 1e3,
-                            "linattn": n / ours_ms * 1e3, "speedup": hf_ms / ours_ms, "same_tokens": same})
+                            "threads": threads, "unit": "tokens/s", "hf": n / hf_gen * 1e3,
+                            "linattn": n / ours_gen * 1e3, "speedup": hf_gen / ours_gen, "same_tokens": same})
                 if threads in share_threads:
                     record({"model": name, "model_type": model_type, "what": f"prefill T={T}", "threads": threads,
                             "unit": "ms", **share_row(hf_ms, hf_rec, ours_ms, ours_rec), "max_rel_diff": err},

@@ -36,7 +36,8 @@ PREFILL_SPLIT_MIN_WORK = 1 << 17
 # revision 84c6ee8, not kept) cut handing over to 34-38 us back to back, against the pool's 64-67 us, but lost to
 # the serial step at every size up to 16.8M entries too, at a load average of 3 to 9 on the 2 cores (Mamba-2-2.7B's
 # layer 1.46-2.29x, Qwen3.5's 1.56-2.69x, Kimi's 1.55-3.04x the serial time; benchmarks/results/
-# decode_split_handoff_cpu.txt): they are not in the library.
+# decode_split_handoff_cpu.txt): they are not in the library. With the state cold in the cache, as in a model, the
+# split took 1.75-2.2x the serial time at those three layers on a quiet machine (decode_split_cold_cpu.txt).
 DECODE_SPLIT_MIN_ENTRIES = 1 << 24
 
 # The compiled convolution's pass outside autograd splits its tokens over threads from this many tokens per thread:
