@@ -9,7 +9,7 @@ Pure functions of sizes, rules and thread counts: nothing here imports a kernel 
 from __future__ import annotations
 
 # Forms "auto" hands to a compiled kernel ("step" is decode); "parallel" and "scan" are asked for by name to study
-# them, so they keep their torch form. The compiled token loop took 0.36-0.61x the torch chunk form's time for every
+# them, so they keep their torch form. The compiled token loop took 0.43-0.62x the torch chunk form's time for every
 # rule at 1 and 2 threads (auto_over_torch in benchmarks/results/cpu_kernels_cpu.txt, scripts/cpu_kernels_bench.py).
 AUTO_FORMS: tuple[str, ...] = ("chunk", "recurrent", "step")
 
