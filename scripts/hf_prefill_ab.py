@@ -31,11 +31,9 @@ import torch.nn.functional as F
 from linattn.backends import cpu
 from linattn.integrations import transformers as lt
 kernel_s = []
-try:  # the prefill kernel's module: cpu_prefill, or cpu_numba in trees from before the kernels were split
-    token_loops = cpu.kernel("cpu_prefill")
-except ImportError:
-    token_loops = None
-token_loops = token_loops or cpu.load()
+import linattn.kernels  # the prefill kernel's module: cpu_prefill, or cpu_numba in trees from before the split
+split = os.path.exists(os.path.join(os.path.dirname(linattn.kernels.__file__), "cpu_prefill.py"))
+token_loops = cpu.kernel("cpu_prefill") if split else cpu.load()
 prefill = token_loops.prefill
 def timed_prefill(*a, **kw):  # the compiled token loop's own time inside each call
     t0 = time.perf_counter()
