@@ -1,4 +1,4 @@
-"""The public torch API: `linear_attention` for whole sequences, `step` for one-token decode, `explain` for which
+"""The public torch API: `linear_attention` for whole sequences, `step` for one-token decode, `plan` for which
 backend would run either and why.
 
 Both turn their arguments into one validated `linattn.call.Call` (`linattn.call`, through
@@ -23,7 +23,7 @@ from linattn.packing import compute_packed
 from linattn.prefill import compute
 from linattn.state import State
 
-__all__ = ["DELTA_RULES", "EPS_MODES", "GATED_RULES", "RULES", "explain", "linear_attention", "step",
+__all__ = ["DELTA_RULES", "EPS_MODES", "GATED_RULES", "RULES", "linear_attention", "plan", "step",
            "supported_forms"]
 
 
@@ -165,7 +165,7 @@ def step(
     return decode.full_step(call, plan, q, k, v, g, beta, state, inplace)
 
 
-def explain(fn, /, *args, **kwargs) -> backends.Plan:
+def plan(fn, /, *args, **kwargs) -> backends.Plan:
     """Which backend would run ``fn(*args, **kwargs)``, and why, without running it.
 
     ``fn`` is [`linear_attention`][linattn.linear_attention] or [`step`][linattn.step]; ``args`` and ``kwargs`` are
@@ -173,7 +173,7 @@ def explain(fn, /, *args, **kwargs) -> backends.Plan:
     ``[B, H, D]`` for one token, and so on). They are checked as the call would check them; nothing is computed
     and no state is written (only the feature map runs, on one token, as the call's checks run it).
 
-    Example: ``linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g)`` gives
+    Example: ``linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g)`` gives
     ``Plan(kernel='cpu', why='the numba kernels take the call', ...)`` for float32 CPU tensors.
 
     Returns:

@@ -4,7 +4,7 @@ numba kernels) and ``"triton"`` (`linattn.backends.triton`).
 
 Every call is planned here once: `plan_prefill` and `plan_step` return a `Plan`, the compiled path to run (or
 None for the torch forms) and why; a step's plan is made before its arguments are checked and is settled on the
-checked tensors (`settle`) when its full path runs. `linattn.explain` shows a call's plan to the user. The rules
+checked tensors (`settle`) when its full path runs. `linattn.plan` shows a call's plan to the user. The rules
 behind ``"auto"`` (which forms, which backward, how many threads) are in `linattn.backends.policy`, each with its
 measurement; what each backend can take is its ``refusal``.
 

@@ -1,4 +1,4 @@
-"""linattn.explain: which backend a call runs on and why, without running it, and in agreement with what the call
+"""linattn.plan: which backend a call runs on and why, without running it, and in agreement with what the call
 then does."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def sequence(B=2, T=7, H=3, D=5, dtype=torch.float32):
 
 def test_cpu_taken_and_the_call_runs_it(monkeypatch):
     q, k, v, g = sequence()
-    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g)
+    plan = linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g)
     assert (plan.runs, plan.kernel, plan.why) == ("cpu", "cpu", "the numba kernels take the call")
     assert str(plan) == "cpu: the numba kernels take the call"
     ran = []
@@ -35,7 +35,7 @@ def test_step_plain_case_runs_the_one_call_kernel(calls):
     q, k, v, g = sequence(B=1)
     state = linattn.State.zeros(1, 3, 5, 5)
     before = state.S.clone()
-    plan = linattn.explain(linattn.step, q[:, 0], k[:, 0], v[:, 0], state, rule="gated", g=g[:, 0], inplace=True)
+    plan = linattn.plan(linattn.step, q[:, 0], k[:, 0], v[:, 0], state, rule="gated", g=g[:, 0], inplace=True)
     assert plan.runs == "cpu" and plan.backend == "auto"
     assert torch.equal(state.S, before) and not calls  # nothing ran, nothing was written
     linattn.step(q[:, 0], k[:, 0], v[:, 0], state, rule="gated", g=g[:, 0], inplace=True)
@@ -44,32 +44,32 @@ def test_step_plain_case_runs_the_one_call_kernel(calls):
 
 def test_named_form_keeps_the_torch_form_under_auto(monkeypatch):
     q, k, v, g = sequence()
-    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, form="parallel")
+    plan = linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, form="parallel")
     assert plan.runs == "torch" and plan.kernel is None
     assert plan.why == "form='parallel' is asked for by name, so it runs as written"
     monkeypatch.setattr(cpu_backend, "prefill", lambda *a: pytest.fail("the compiled prefill ran"))
     o, _ = linattn.linear_attention(q, k, v, rule="gated", g=g, form="parallel")
     assert o.shape == v.shape
-    assert linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, backend="torch").why == \
+    assert linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, backend="torch").why == \
         "backend='torch'"
 
 
 def test_a_refusal_is_the_reason_under_auto_and_the_error_when_forced():
     q, k, v, g = sequence()
-    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, state_dtype=torch.float64)
+    plan = linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, state_dtype=torch.float64)
     assert plan.runs == "torch" and plan.why == "it keeps a float32 state, got state dtype torch.float64"
     with pytest.raises(ValueError, match="backend='cpu' cannot run this call: it keeps a float32 state"):
-        linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, state_dtype=torch.float64,
+        linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, state_dtype=torch.float64,
                         backend="cpu")
     with pytest.raises(ValueError, match="backend='cpu' cannot run this call: it keeps a float32 state"):
         linattn.linear_attention(q, k, v, rule="gated", g=g, state_dtype=torch.float64, backend="cpu")
     step = (q[:, 0].double(), k[:, 0].double(), v[:, 0].double())
-    assert linattn.explain(linattn.step, *step, rule="gated", g=g[:, 0].double()).why == \
+    assert linattn.plan(linattn.step, *step, rule="gated", g=g[:, 0].double()).why == \
         "it keeps a float32 state, got state dtype torch.float64"
     with pytest.raises(ValueError, match="backend='cpu' cannot run this call: it keeps a float32 state"):
-        linattn.explain(linattn.step, *step, rule="gated", g=g[:, 0].double(), backend="cpu")
+        linattn.plan(linattn.step, *step, rule="gated", g=g[:, 0].double(), backend="cpu")
     q.requires_grad_(True)
-    plan = linattn.explain(linattn.step, q[:, 0], k[:, 0], v[:, 0], rule="gated", g=g[:, 0])
+    plan = linattn.plan(linattn.step, q[:, 0], k[:, 0], v[:, 0], rule="gated", g=g[:, 0])
     assert plan.runs == "torch" and plan.why == "it has no backward (inputs require grad)"
 
 
@@ -78,15 +78,15 @@ def test_torch_func_transform_is_the_reason():
     seen = []
 
     def one(q_t):
-        seen.append(linattn.explain(linattn.step, q_t, k[:, 0], v[:, 0], rule="gated", g=g[:, 0]))
+        seen.append(linattn.plan(linattn.step, q_t, k[:, 0], v[:, 0], rule="gated", g=g[:, 0]))
         with pytest.raises(ValueError, match="backend='cpu' cannot run this call: it reads raw tensor memory"):
-            linattn.explain(linattn.step, q_t, k[:, 0], v[:, 0], rule="gated", g=g[:, 0], backend="cpu")
+            linattn.plan(linattn.step, q_t, k[:, 0], v[:, 0], rule="gated", g=g[:, 0], backend="cpu")
         return linattn.step(q_t, k[:, 0], v[:, 0], rule="gated", g=g[:, 0])[0]
 
     torch.func.vmap(one)(q.transpose(0, 1))
     assert [(p.runs, p.why) for p in seen] == [("torch", TRANSFORM_REFUSAL)]
     got = torch.func.grad(lambda q_: (
-        seen.append(linattn.explain(linattn.linear_attention, q_, k, v, rule="gated", g=g)),
+        seen.append(linattn.plan(linattn.linear_attention, q_, k, v, rule="gated", g=g)),
         linattn.linear_attention(q_, k, v, rule="gated", g=g)[0].sum())[1])(q)
     assert seen[-1].why == TRANSFORM_REFUSAL and got.shape == q.shape
 
@@ -102,19 +102,19 @@ def test_triton_without_cuda_is_a_value_error(monkeypatch):
     for fn, args, kw in ((linattn.linear_attention, (q, k, v), {"g": g}),
                          (linattn.step, (q[:, 0], k[:, 0], v[:, 0]), {"g": g[:, 0]})):
         with pytest.raises(ValueError, match=r"backend='triton' cannot run this call: .*(CUDA|triton)"):
-            linattn.explain(fn, *args, rule="gated", backend="triton", **kw)
+            linattn.plan(fn, *args, rule="gated", backend="triton", **kw)
 
 
 def test_bad_arguments_raise_what_the_call_raises():
     q, k, v, g = sequence()
     with pytest.raises(ValueError, match="rule: unknown rule 'nope'"):
-        linattn.explain(linattn.linear_attention, q, k, v, rule="nope")
+        linattn.plan(linattn.linear_attention, q, k, v, rule="nope")
     with pytest.raises(ValueError, match="g must be <= 0"):
-        linattn.explain(linattn.step, q[:, 0], k[:, 0], v[:, 0], rule="gated", g=-g[:, 0])
+        linattn.plan(linattn.step, q[:, 0], k[:, 0], v[:, 0], rule="gated", g=-g[:, 0])
     with pytest.raises(TypeError, match="got an unexpected keyword argument 'form'"):
-        linattn.explain(linattn.step, q[:, 0], k[:, 0], v[:, 0], form="chunk")
+        linattn.plan(linattn.step, q[:, 0], k[:, 0], v[:, 0], form="chunk")
     with pytest.raises(TypeError, match="fn must be linattn.linear_attention or linattn.step"):
-        linattn.explain(torch.matmul, q, k)
+        linattn.plan(torch.matmul, q, k)
 
 
 def test_packed_calls_name_what_runs_their_segments():
@@ -122,8 +122,8 @@ def test_packed_calls_name_what_runs_their_segments():
     they run as are planned, and the plan names what runs them."""
     q, k, v, g = sequence(B=1, T=9)
     cu = torch.tensor([0, 4, 9])
-    assert linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu).runs == "cpu"
-    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu, form="parallel")
+    assert linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu).runs == "cpu"
+    plan = linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu, form="parallel")
     assert plan.runs == "torch" and "form='parallel'" in plan.why
     try:
         import linattn.kernels.triton as kt
@@ -131,5 +131,5 @@ def test_packed_calls_name_what_runs_their_segments():
         pytest.skip("triton is not installed")
     if kt.unavailable_reason(q.device, q.dtype, 5) is not None:
         pytest.skip("the Triton kernels cannot run here (no CUDA, no TRITON_INTERPRET=1)")
-    plan = linattn.explain(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu, backend="triton")
+    plan = linattn.plan(linattn.linear_attention, q, k, v, rule="gated", g=g, cu_seqlens=cu, backend="triton")
     assert plan.runs == "triton" and plan.why == "packed sequences on Triton run as padded segments (backend='triton')"
