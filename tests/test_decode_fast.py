@@ -580,7 +580,7 @@ def test_split_decode_equals_the_serial_kernel(monkeypatch, rule, gate, fmap, in
     check_against_reference(q, k, v, kw, o_split, state_split, **opts)
 
 
-@pytest.mark.parametrize("Dv,split", [(2047, False), (2048, True)], ids=["below", "at"])
+@pytest.mark.parametrize("Dv,split", [(1023, False), (1024, True)], ids=["below", "at"])
 @pytest.mark.parametrize("threads", [2, 5])
 def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads):
     """With the default threshold a step at more than one thread splits its sequences exactly from
@@ -593,7 +593,7 @@ def test_default_threshold_splits_a_large_state(monkeypatch, Dv, split, threads)
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has one thread")
-    assert 2 * 4096 * 2048 == policy.DECODE_SPLIT_MIN_ENTRIES
+    assert 2 * 4096 * 1024 == policy.DECODE_SPLIT_MIN_ENTRIES
     seen = []
     real = cpu_threads.on_threads
     monkeypatch.setattr(cpu_threads, "on_threads", lambda fn, count, n: seen.append(n) or real(fn, count, n))

@@ -28,8 +28,10 @@ BACKWARD_MULTITHREAD_MIN_ROWS = 1 << 16
 PREFILL_SPLIT_MIN_WORK = 1 << 17
 
 # The one-call decode kernel splits its heads over threads from this many state entries (B*H*Dk*Dw). On the 2-core
-# AMD EPYC waking the second thread cost 100-450 us; in four runs the split took 0.55-0.68x the serial time from
-# 16M entries (64 MiB of state), 0.62-1.21x at 4M-8M and 1.07-15x below (benchmarks/results/decode_split_cpu.txt).
+# AMD EPYC with AVX-512, in three quiet runs, the split took 0.56-0.91x the serial time at 8M entries (32 MiB of
+# state) and above, 0.61-0.97x at 4M (1.28x in an earlier run) and 0.91-13x below
+# (benchmarks/results/decode_split_cpu.txt; on a Zen 3 EPYC earlier, where waking the second thread cost
+# 100-450 us, 0.55-0.68x from 16M and 0.62-1.21x at 4M-8M).
 # The general token loop's decode step (the cases the one-call kernel does not take) always runs serially: at 2
 # threads it was 4-5x slower at batch 1 and mixed at 4-16 sequences of the Qwen3-Next geometry.
 # Workers that wait awake (a bounded spin, then a futex sleep) and take chunks by compare-and-swap (measured at
@@ -38,7 +40,7 @@ PREFILL_SPLIT_MIN_WORK = 1 << 17
 # layer 1.46-2.29x, Qwen3.5's 1.56-2.69x, Kimi's 1.55-3.04x the serial time; benchmarks/results/
 # decode_split_handoff_cpu.txt): they are not in the library. With the state cold in the cache, as in a model, the
 # split took 1.75-2.2x the serial time at those three layers on a quiet machine (decode_split_cold_cpu.txt).
-DECODE_SPLIT_MIN_ENTRIES = 1 << 24
+DECODE_SPLIT_MIN_ENTRIES = 1 << 23
 
 # The compiled convolution's pass outside autograd splits its tokens over threads from this many tokens per thread:
 # a pool thread's hand-over is tens of microseconds, a token of Mamba-2-2.7B's 5376 channels about one
