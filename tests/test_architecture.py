@@ -146,7 +146,7 @@ def test_the_circle_scan_sees_an_import_inside_a_function():
 
 
 CPU_KERNELS = {f"linattn.kernels.cpu_{name}" for name in
-               ("backward", "conv", "decode", "intrinsics", "loop", "prefill", "threads")}
+               ("backward", "conv", "decode", "intrinsics", "loop", "prefill", "ssm", "threads")}
 
 
 def test_cpu_kernel_files_load_through_the_one_loader():

@@ -27,7 +27,7 @@ from linattn.backends import cpu, policy, triton
 from linattn.checks import BACKENDS, check_backend
 
 __all__ = ["BACKENDS", "Plan", "check_backend", "decode_threads", "functorch_active", "linear_attention",
-           "plan_conv", "plan_prefill", "plan_step", "settle", "step"]
+           "plan_conv", "plan_prefill", "plan_ssm_step", "plan_step", "settle", "step"]
 
 
 @dataclass(frozen=True)
@@ -244,3 +244,22 @@ def plan_conv(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.T
         return Plan(None, f"backend={backend!r} runs the torch form of the convolution", backend=backend)
     refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.conv_refusal(x, weight, bias, window)
     return _cpu_plan(backend, refusal, None, ("cpu_conv",))
+
+
+def plan_ssm_step(backend: str, tensors: tuple, state: torch.Tensor) -> Plan:
+    """Which path runs one Mamba-2 decode step (HF's ``mamba2_selective_state_update`` with one value of dt, A and
+    dt_bias per head): ``kernel="cpu"`` with ``module`` `linattn.kernels.cpu_ssm` (the whole step in one compiled
+    call) where `linattn.backends.cpu.ssm_step_refusal` passes ``tensors`` (the step's inputs, None for an absent
+    one) and ``state``; else None and why, and the caller runs the step as `linattn.step` (on ``backend``'s own
+    path: the forced backends keep their errors there)."""
+    if backend == "torch" or backend == "triton":
+        return Plan(None, f"backend={backend!r} runs the step as linattn.step", backend=backend)
+    if backend == "auto" and "step" not in policy.AUTO_FORMS:
+        return Plan(None, "the step's torch form is asked for", backend=backend)
+    refusal = TRANSFORM_REFUSAL if functorch_active() else cpu.ssm_step_refusal(tensors, state)
+    if refusal is not None:
+        return Plan(None, refusal, backend=backend)
+    module = cpu.kernel("cpu_ssm")
+    if module is None:
+        return Plan(None, "numba is unavailable", backend=backend)
+    return Plan("cpu", "the numba kernels take the call", module, backend)

@@ -50,8 +50,8 @@ def _prepare_numba() -> None:
 
 def kernel(name: str):
     """The compiled CPU kernel module ``linattn.kernels.<name>`` (``cpu_prefill``, ``cpu_backward``, ``cpu_loop``,
-    ``cpu_decode``, ``cpu_conv``), or None (after one warning per process) when numba cannot load; every kernel
-    module is loaded here."""
+    ``cpu_decode``, ``cpu_conv``, ``cpu_ssm``), or None (after one warning per process) when numba cannot load;
+    every kernel module is loaded here."""
     global _failed
     if name not in _modules and _failed is None:
         try:
@@ -98,6 +98,31 @@ def refusal(rule: str, tensors: tuple, state: torch.Tensor, grad: bool, extra: d
         return f"it keeps a float32 state, got state dtype {state.dtype}"
     if any(t is not None and t.dtype not in INPUT_DTYPES for t in tensors):
         return f"it takes {', '.join(str(d).removeprefix('torch.') for d in INPUT_DTYPES)} inputs"
+    return None
+
+
+def ssm_step_refusal(tensors: tuple, state: torch.Tensor) -> str | None:
+    """Why the compiled Mamba-2 decode step (`linattn.kernels.cpu_ssm`) cannot take this call, or None: CPU
+    tensors outside autograd, float32 or bfloat16 inputs (``tensors``; None for an absent one), a float32 state
+    ``[B, H, P, N]`` whose heads are contiguous ``[P, N]`` or ``[N, P]`` blocks, writable in place."""
+    given = [t for t in tensors if t is not None]
+    if torch.is_grad_enabled() and (state.requires_grad or any(t.requires_grad for t in given)):
+        return "it has no backward (inputs require grad)"
+    if not state.is_cpu or any(not t.is_cpu for t in given):
+        return "it runs on CPU tensors only"
+    if state.dtype != torch.float32:
+        return f"it keeps a float32 state, got state dtype {state.dtype}"
+    if any(t.dtype != torch.float32 and t.dtype != torch.bfloat16 for t in given):
+        return "it takes float32 and bfloat16 inputs"
+    if state.is_neg() or any(t.is_neg() for t in given):
+        return "it reads memory, and a negative view's memory does not hold its values"
+    if state.is_inference() and not torch.is_inference_mode_enabled():
+        return "it updates the state in place, and an inference tensor is written only in inference mode"
+    P, N = state.shape[-2:]
+    st = state.stride()
+    if not ((st[-1] == 1 or N == 1) and (st[-2] == N or P == 1)) and not (
+            (st[-2] == 1 or P == 1) and (st[-1] == P or N == 1)):
+        return "it updates in place a state whose heads are contiguous [P, N] or [N, P] blocks"
     return None
 
 

@@ -10,18 +10,26 @@ v = dt x, no normalizer, scale 1, B and C shared by the heads of a group (groupe
 ``[B, H, P, N]``, linattn's ``[B, H, N, P]``: the final state is returned as the transposed view of linattn's, so
 a cache that HF fills from it (``zeros_like`` keeps the strides) holds linattn's layout and a decode step updates
 it in place with one compiled call; a state in HF's own layout is updated in place too, through a copy.
+
+A decode step on CPU (float32 or bfloat16 inputs, a float32 state in either layout, outside autograd) runs in one
+compiled call (`linattn.kernels.cpu_ssm`): the time step, the state update, the read, D and the z gate in one pass
+over the state. `decode_plan` says whether a step takes it, and why not; a step that does not runs the time step
+and the gates in torch around `linattn.step` (a Decoder kept per state tensor).
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import increment_version
 from torch.utils.weak import WeakIdKeyDictionary
 
 import linattn
-from linattn import buffers
+from linattn import backends, buffers
+from linattn.backends import policy
 from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
 from linattn.state import State
 
@@ -162,6 +170,9 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
     if D is not None and D.shape != shape[1:] and not _broadcasts(D.shape, shape):
         raise ValueError(f"D: expected [H, P] = {tuple(hidden_states.shape[1:])} (or a shape that broadcasts to "
                          f"hidden_states' {tuple(hidden_states.shape)}), got shape {tuple(D.shape)}")
+    plan = _plan(state, hidden_states, dt, A, B, C, D, dt_bias, z, backend)
+    if plan.kernel is not None:
+        return _compiled_step(plan.module, state, hidden_states, dt, A, B, C, D, dt_bias, z, dt_softplus)
     batch, H = shape[0], shape[1]
     cd = torch.float64 if state.dtype == torch.float64 else torch.float32
     # One value per head, read as views (the checks above proved them; one torch call each: at batch 1 the
@@ -196,6 +207,60 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
         if z is not None:
             o = o * F.silu(z.to(cd))
     return o if o.dtype == hidden_states.dtype else o.to(hidden_states.dtype)
+
+
+def decode_plan(state: torch.Tensor, hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+                z: torch.Tensor | None = None, *, backend: str = "auto") -> backends.Plan:
+    """Whether `mamba2_selective_state_update` with these arguments (dt, A and dt_bias with one value per head:
+    that function checks it first) runs as one compiled call: a `linattn.backends.Plan` with ``kernel="cpu"``, or
+    None and ``why`` it runs the time step and the gates in torch around `linattn.step` instead."""
+    return _plan(state, hidden_states, dt, A, B, C, D, dt_bias, z, backend)
+
+
+def _plan(state, x, dt, A, B, C, D, dt_bias, z, backend) -> backends.Plan:
+    shape = x.shape
+    if type(state) is not torch.Tensor or state.dim() != 4 or state.shape[:3] != shape:
+        return backends.Plan(None, "the state is not a tensor [B, H, P, N] for hidden_states [B, H, P]")
+    N = state.shape[3]
+    if (B.dim() != 3 or B.shape[0] != shape[0] or B.shape[2] != N or C.shape != B.shape or B.shape[1] == 0
+            or shape[1] % B.shape[1]):
+        return backends.Plan(None, "B and C are not [B, G, N] with G dividing the heads")
+    if z is not None and z.shape != shape:
+        return backends.Plan(None, "z is not [B, H, P]")
+    if x.numel() == 0 or N == 0:
+        return backends.Plan(None, "the step is empty")
+    return backends.plan_ssm_step(backend, (x, dt, A, B, C, D, dt_bias, z), state)
+
+
+def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus) -> torch.Tensor:
+    """The step in one compiled call (`linattn.kernels.cpu_ssm`), every input read where it lies (element
+    strides; per-head values at their head strides), the state updated in place: y ``[B, H, P]`` in x's dtype."""
+    batch, H, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    bf16 = torch.bfloat16
+    dtypes = ((x.dtype == bf16) | (dt.dtype == bf16) << 1 | (A.dtype == bf16) << 2
+              | (dt_bias is not None and dt_bias.dtype == bf16) << 3 | (D is not None and D.dtype == bf16) << 4
+              | (z is not None and z.dtype == bf16) << 5 | (B.dtype == bf16) << 6 | (C.dtype == bf16) << 7)
+    Dx = None if D is None else D.expand(x.shape)  # any shape that broadcasts, as strides (0 where it does)
+    st = state.stride()
+    layout = kd.LAYOUT_PN if (st[3] == 1 or N == 1) and (st[2] == N or P == 1) else kd.LAYOUT_NP
+    y = torch.empty(x.shape, dtype=x.dtype)
+    xs, dts, Bs, Cs = x.stride(), dt.stride(), B.stride(), C.stride()
+    args = (x.data_ptr(), xs[0], xs[1], xs[2], dt.data_ptr(), dts[0], dts[1], A.data_ptr(), A.stride(0),
+            0 if dt_bias is None else dt_bias.data_ptr(), 0 if dt_bias is None else dt_bias.stride(0),
+            0 if Dx is None else Dx.data_ptr(), *((0, 0, 0) if Dx is None else Dx.stride()),
+            0 if z is None else z.data_ptr(), *((0, 0, 0) if z is None else z.stride()),
+            B.data_ptr(), Bs[0], Bs[1], Bs[2], C.data_ptr(), Cs[0], Cs[1], Cs[2],
+            state.data_ptr(), st[0], st[1], layout, y.data_ptr(), batch, H, G, P, N, int(bool(dt_softplus)), dtypes,
+            0, batch * H, -math.inf, math.inf)  # HF's decode step does not clamp dt (its chunk scan does)
+    entries = batch * H * P * N
+    if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
+        kd.step_split(threads, args)  # the one-call decode kernel's policy: split past its measured threshold
+    else:
+        kd.step(*args)
+    increment_version(state)  # written through a raw pointer: a graph that saved the state must refuse it now
+    return y
 
 
 def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
