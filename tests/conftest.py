@@ -35,8 +35,9 @@ def torch_forms():
 @pytest.fixture
 def calls(monkeypatch):
     """Calls of the compiled batch-1 decode entries, recorded (they still run): proof that the fast path ran. A
-    float32 call's arguments as `decode` takes them; a bfloat16 one's as `decode_bf16` does (``dtypes`` at 18)."""
-    from linattn.kernels import cpu_decode
+    float32 call's arguments as `decode` takes them; a bfloat16 one's as `decode_bf16` does (``dtypes`` at 18); a
+    Mamba-2 step's as `linattn.kernels.cpu_ssm.step` takes them (the state's address at 27)."""
+    from linattn.kernels import cpu_decode, cpu_ssm
 
     seen = []
 
@@ -49,4 +50,5 @@ def calls(monkeypatch):
 
     monkeypatch.setattr(cpu_decode, "decode", spy(cpu_decode.decode))
     monkeypatch.setattr(cpu_decode, "decode_bf16", spy(cpu_decode.decode_bf16))
+    monkeypatch.setattr(cpu_ssm, "step", spy(cpu_ssm.step))
     return seen

@@ -233,9 +233,11 @@ def _plan(state, x, dt, A, B, C, D, dt_bias, z, backend) -> backends.Plan:
     return backends.plan_ssm_step(backend, (x, dt, A, B, C, D, dt_bias, z), state)
 
 
-def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus) -> torch.Tensor:
+def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus,
+                   dt_limit=(-math.inf, math.inf)) -> torch.Tensor:
     """The step in one compiled call (`linattn.kernels.cpu_ssm`), every input read where it lies (element
-    strides; per-head values at their head strides), the state updated in place: y ``[B, H, P]`` in x's dtype."""
+    strides; per-head values at their head strides), the state updated in place: y ``[B, H, P]`` in x's dtype.
+    HF's decode step does not clamp dt (its chunk scan does): the adapter passes no ``dt_limit``."""
     batch, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     bf16 = torch.bfloat16
@@ -253,7 +255,7 @@ def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus) -> tor
             0 if z is None else z.data_ptr(), *((0, 0, 0) if z is None else z.stride()),
             B.data_ptr(), Bs[0], Bs[1], Bs[2], C.data_ptr(), Cs[0], Cs[1], Cs[2],
             state.data_ptr(), st[0], st[1], layout, y.data_ptr(), batch, H, G, P, N, int(bool(dt_softplus)), dtypes,
-            0, batch * H, -math.inf, math.inf)  # HF's decode step does not clamp dt (its chunk scan does)
+            0, batch * H, float(dt_limit[0]), float(dt_limit[1]))
     entries = batch * H * P * N
     if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
         kd.step_split(threads, args)  # the one-call decode kernel's policy: split past its measured threshold
