@@ -29,6 +29,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import linattn
 from linattn import backends, buffers
+from linattn.backends import cpu as cpu_backend
 from linattn.backends import policy
 from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
 from linattn.state import State
@@ -150,6 +151,10 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
     pass them), D ``[H, P]`` (or what broadcasts to hidden_states, as in HF's code), B, C ``[B, G, N]``, z ``[B,
     H, P]`` (the output is multiplied by silu(z)). Returns y ``[B, H, P]`` in hidden_states' dtype. Per-head
     values that vary along the head dim go to HF's torch code."""
+    if backend == "auto" or backend == "cpu":  # the plain case, proven by attribute reads: one compiled call
+        y = _fast_step(state, hidden_states, dt, A, B, C, D, dt_bias, dt_softplus, z, backend)
+        if y is not None:
+            return y
     if not on_linattn(backend, fallback, hidden_states):
         return fallback(state, hidden_states, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z,
                         **kwargs)
@@ -231,6 +236,92 @@ def _plan(state, x, dt, A, B, C, D, dt_bias, z, backend) -> backends.Plan:
     if x.numel() == 0 or N == 0:
         return backends.Plan(None, "the step is empty")
     return backends.plan_ssm_step(backend, (x, dt, A, B, C, D, dt_bias, z), state)
+
+
+_Tensor, _F32, _BF16 = torch.Tensor, torch.float32, torch.bfloat16
+_KERNEL: list = []  # the compiled step's module once loaded (`linattn.backends.cpu.kernel`), or None
+
+
+def _fast_step(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z, backend):
+    """The step in one compiled call (`linattn.kernels.cpu_ssm`) when the arguments prove the plain case with
+    attribute reads alone, else None (nothing written; the full path decides, and `decode_plan` says why): CPU
+    tensors outside autograd and torch.func, float32 or bfloat16 (no negative views), HF's shapes with dt, A and
+    dt_bias expanded from one value per head (stride 0 along the expanded dims), D ``[H, P]`` or None, z as x or
+    None, a float32 state ``[B, H, P, N]`` whose heads are contiguous ``[P, N]`` or ``[N, P]`` blocks, writable in
+    place. A decode step at batch 1 is a few hundred microseconds with a cold cache, and there each Python line
+    costs about a microsecond: hence one straight function, no torch op but the output's allocation."""
+    if not _KERNEL:
+        if backends.plan_step(backend).kernel != "cpu":  # numba, the policy's forms or a transform say no
+            return None
+        _KERNEL.append(cpu_backend.kernel("cpu_ssm"))
+    kd = _KERNEL[0]
+    if kd is None or (backend == "auto" and "step" not in policy.AUTO_FORMS) or backends.functorch_active():
+        return None
+    if not (type(x) is _Tensor and type(dt) is _Tensor and type(A) is _Tensor and type(B) is _Tensor
+            and type(C) is _Tensor and type(state) is _Tensor and state.dtype is _F32):
+        return None
+    shape = x.shape
+    if len(shape) != 3 or dt.shape != shape or state.dim() != 4:
+        return None
+    batch, H, P = shape
+    N = state.shape[3]
+    if (state.shape[:3] != shape or A.shape != (H, P, N) or B.shape != C.shape or B.dim() != 3
+            or B.shape[0] != batch or B.shape[2] != N or batch * H * P * N == 0):
+        return None
+    G = B.shape[1]
+    if G == 0 or H % G:
+        return None
+    dts, As = dt.stride(), A.stride()
+    if not ((dts[2] == 0 or P == 1) and (As[1] == 0 or P == 1) and (As[2] == 0 or N == 1)):
+        return None  # not one value per head by the strides: the full path proves it by value, or goes to HF
+    given = (x, dt, A, B, C) if D is None and dt_bias is None and z is None else tuple(
+        t for t in (x, dt, A, B, C, D, dt_bias, z) if t is not None)
+    dtypes = 0
+    for t in given:  # the kernel's IN_* bits (x, dt, A, B, C: 1, 2, 4, 64, 128; set below for the optional ones)
+        if type(t) is not _Tensor or not t.is_cpu or t.is_neg() or (t.dtype is not _F32 and t.dtype is not _BF16):
+            return None
+    if torch.is_grad_enabled() and (state.requires_grad or any(t.requires_grad for t in given)):
+        return None
+    if not state.is_cpu or state.is_neg() or (state.is_inference() and not torch.is_inference_mode_enabled()):
+        return None
+    st = state.stride()
+    if (st[3] == 1 or N == 1) and (st[2] == N or P == 1):
+        layout = kd.LAYOUT_PN
+    elif (st[2] == 1 or P == 1) and (st[3] == P or N == 1):
+        layout = kd.LAYOUT_NP
+    else:
+        return None
+    bias_at = sbias = D_at = sDh = sDp = z_at = szb = szh = szp = 0
+    if dt_bias is not None:
+        if dt_bias.shape != (H, P) or not (dt_bias.stride(1) == 0 or P == 1):
+            return None
+        bias_at, sbias = dt_bias.data_ptr(), dt_bias.stride(0)
+        dtypes |= (dt_bias.dtype is _BF16) << 3
+    if D is not None:
+        if D.shape != (H, P):
+            return None
+        D_at, (sDh, sDp) = D.data_ptr(), D.stride()
+        dtypes |= (D.dtype is _BF16) << 4
+    if z is not None:
+        if z.shape != shape:
+            return None
+        z_at, (szb, szh, szp) = z.data_ptr(), z.stride()
+        dtypes |= (z.dtype is _BF16) << 5
+    dtypes |= ((x.dtype is _BF16) | (dt.dtype is _BF16) << 1 | (A.dtype is _BF16) << 2
+               | (B.dtype is _BF16) << 6 | (C.dtype is _BF16) << 7)
+    y = torch.empty(shape, dtype=x.dtype)
+    xs, Bs, Cs = x.stride(), B.stride(), C.stride()
+    args = (x.data_ptr(), xs[0], xs[1], xs[2], dt.data_ptr(), dts[0], dts[1], A.data_ptr(), As[0], bias_at, sbias,
+            D_at, 0, sDh, sDp, z_at, szb, szh, szp, B.data_ptr(), Bs[0], Bs[1], Bs[2], C.data_ptr(), Cs[0], Cs[1],
+            Cs[2], state.data_ptr(), st[0], st[1], layout, y.data_ptr(), batch, H, G, P, N,
+            1 if dt_softplus else 0, dtypes, 0, batch * H, -math.inf, math.inf)  # HF's decode does not clamp dt
+    entries = batch * H * P * N
+    if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
+        kd.step_split(threads, args)  # the one-call decode kernel's policy: split past its measured threshold
+    else:
+        kd.step(*args)
+    increment_version(state)  # written through a raw pointer: a graph that saved the state must refuse it now
+    return y
 
 
 def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus,
