@@ -152,7 +152,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=120, help="timed calls per column and row")
     parser.add_argument("--gap-ms", type=float, default=10.0, help="idle time before each timed call")
-    parser.add_argument("--out", default=None, help="result text file (never overwritten)")
+    parser.add_argument("--out", default=None, help="result text file (an existing one is refused)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args()
     if not args.lib:
         sys.exit("mamba2_decode_ggml_ab: pass --lib DIR (libggml-base.so, libggml-cpu.so) or set GGML_LIB_DIR")
@@ -176,7 +177,8 @@ def main() -> None:
     lines.append(f"# load average after {os.getloadavg()[0]:.2f}")
     print(lines[-1])
     if args.out:
-        atomic_write(Path(args.out), lambda tmp: tmp.write_text("\n".join(lines) + "\n", encoding="utf-8"))
+        atomic_write(Path(args.out), lambda tmp: tmp.write_text("\n".join(lines) + "\n", encoding="utf-8"),
+                     overwrite=args.overwrite)
         print("wrote", args.out)
 
 

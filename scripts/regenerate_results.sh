@@ -47,6 +47,8 @@ python scripts/omp_wait_ab.py --rounds 4 --overwrite --output "$R/omp_wait_ab_cp
 if [[ -n "${GGML_LIB_DIR:-}" ]]; then
   OMP_WAIT_POLICY=PASSIVE python scripts/ggml_bench.py --lib "$GGML_LIB_DIR" --overwrite \
     --out "$R/ggml_side_by_side_cpu.json"
+  OMP_WAIT_POLICY=PASSIVE python scripts/mamba2_decode_ggml_ab.py --lib "$GGML_LIB_DIR" --overwrite \
+    --out "$R/mamba2_decode_ggml_ab_cpu.txt"
 fi
 # MQAR: why the sweep's attention has a convolution and length 256 a mixture; Gated DeltaNet's decay at init.
 OMP_NUM_THREADS=1 python scripts/mqar_ablation.py --overwrite --output "$R/mqar_ablation_cpu.txt"

@@ -260,27 +260,31 @@ def _fast_step(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z, backend):
     if not (type(x) is _Tensor and type(dt) is _Tensor and type(A) is _Tensor and type(B) is _Tensor
             and type(C) is _Tensor and type(state) is _Tensor and state.dtype is _F32):
         return None
-    shape = x.shape
-    if len(shape) != 3 or dt.shape != shape or state.dim() != 4:
+    shape, state_shape, B_shape = x.shape, state.shape, B.shape
+    if len(shape) != 3 or len(state_shape) != 4 or len(B_shape) != 3 or dt.shape != shape:
         return None
     batch, H, P = shape
-    N = state.shape[3]
-    if (state.shape[:3] != shape or A.shape != (H, P, N) or B.shape != C.shape or B.dim() != 3
-            or B.shape[0] != batch or B.shape[2] != N or batch * H * P * N == 0):
-        return None
-    G = B.shape[1]
-    if G == 0 or H % G:
+    N, G = state_shape[3], B_shape[1]
+    if (state_shape[:3] != shape or A.shape != (H, P, N) or C.shape != B_shape or B_shape[0] != batch
+            or B_shape[2] != N or batch * H * P * N == 0 or G == 0 or H % G):
         return None
     dts, As = dt.stride(), A.stride()
     if not ((dts[2] == 0 or P == 1) and (As[1] == 0 or P == 1) and (As[2] == 0 or N == 1)):
         return None  # not one value per head by the strides: the full path proves it by value, or goes to HF
-    given = (x, dt, A, B, C) if D is None and dt_bias is None and z is None else tuple(
-        t for t in (x, dt, A, B, C, D, dt_bias, z) if t is not None)
+    # the inputs with the kernel's IN_* bit of each (x 1, dt 2, A 4, dt_bias 8, D 16, z 32, B 64, C 128)
+    given = ((x, 1), (dt, 2), (A, 4), (B, 64), (C, 128)) if D is None and dt_bias is None and z is None else tuple(
+        (t, bit) for t, bit in ((x, 1), (dt, 2), (A, 4), (dt_bias, 8), (D, 16), (z, 32), (B, 64), (C, 128))
+        if t is not None)
     dtypes = 0
-    for t in given:  # the kernel's IN_* bits (x, dt, A, B, C: 1, 2, 4, 64, 128; set below for the optional ones)
-        if type(t) is not _Tensor or not t.is_cpu or t.is_neg() or (t.dtype is not _F32 and t.dtype is not _BF16):
+    for t, bit in given:
+        if type(t) is not _Tensor or not t.is_cpu or t.is_neg():
             return None
-    if torch.is_grad_enabled() and (state.requires_grad or any(t.requires_grad for t in given)):
+        dtype = t.dtype
+        if dtype is _BF16:
+            dtypes |= bit
+        elif dtype is not _F32:
+            return None
+    if torch.is_grad_enabled() and (state.requires_grad or any(t.requires_grad for t, _ in given)):
         return None
     if not state.is_cpu or state.is_neg() or (state.is_inference() and not torch.is_inference_mode_enabled()):
         return None
@@ -296,19 +300,14 @@ def _fast_step(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z, backend):
         if dt_bias.shape != (H, P) or not (dt_bias.stride(1) == 0 or P == 1):
             return None
         bias_at, sbias = dt_bias.data_ptr(), dt_bias.stride(0)
-        dtypes |= (dt_bias.dtype is _BF16) << 3
     if D is not None:
         if D.shape != (H, P):
             return None
         D_at, (sDh, sDp) = D.data_ptr(), D.stride()
-        dtypes |= (D.dtype is _BF16) << 4
     if z is not None:
         if z.shape != shape:
             return None
         z_at, (szb, szh, szp) = z.data_ptr(), z.stride()
-        dtypes |= (z.dtype is _BF16) << 5
-    dtypes |= ((x.dtype is _BF16) | (dt.dtype is _BF16) << 1 | (A.dtype is _BF16) << 2
-               | (B.dtype is _BF16) << 6 | (C.dtype is _BF16) << 7)
     y = torch.empty(shape, dtype=x.dtype)
     xs, Bs, Cs = x.stride(), B.stride(), C.stride()
     args = (x.data_ptr(), xs[0], xs[1], xs[2], dt.data_ptr(), dts[0], dts[1], A.data_ptr(), As[0], bias_at, sbias,
