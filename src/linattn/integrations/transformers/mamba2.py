@@ -314,9 +314,15 @@ def _fast_step(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z, backend):
             D_at, 0, sDh, sDp, z_at, szb, szh, szp, B.data_ptr(), Bs[0], Bs[1], Bs[2], C.data_ptr(), Cs[0], Cs[1],
             Cs[2], state.data_ptr(), st[0], st[1], layout, y.data_ptr(), batch, H, G, P, N,
             1 if dt_softplus else 0, dtypes, 0, batch * H, -math.inf, math.inf)  # HF's decode does not clamp dt
-    entries = batch * H * P * N
+    return _launch(kd, args, state, y)
+
+
+def _launch(kd, args: tuple, state: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`linattn.kernels.cpu_ssm.step` on ``args`` (which update ``state`` and write ``y``), split over threads
+    past the one-call decode kernel's measured threshold (`linattn.backends.policy.DECODE_SPLIT_MIN_ENTRIES`)."""
+    entries = args[32] * args[33] * args[35] * args[36]  # B * H * P * N
     if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
-        kd.step_split(threads, args)  # the one-call decode kernel's policy: split past its measured threshold
+        kd.step_split(threads, args)
     else:
         kd.step(*args)
     increment_version(state)  # written through a raw pointer: a graph that saved the state must refuse it now
@@ -346,13 +352,7 @@ def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus,
             B.data_ptr(), Bs[0], Bs[1], Bs[2], C.data_ptr(), Cs[0], Cs[1], Cs[2],
             state.data_ptr(), st[0], st[1], layout, y.data_ptr(), batch, H, G, P, N, int(bool(dt_softplus)), dtypes,
             0, batch * H, float(dt_limit[0]), float(dt_limit[1]))
-    entries = batch * H * P * N
-    if entries >= policy.DECODE_SPLIT_MIN_ENTRIES and (threads := backends.decode_threads(entries)) > 1:
-        kd.step_split(threads, args)  # the one-call decode kernel's policy: split past its measured threshold
-    else:
-        kd.step(*args)
-    increment_version(state)  # written through a raw pointer: a graph that saved the state must refuse it now
-    return y
+    return _launch(kd, args, state, y)
 
 
 def mamba2_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
