@@ -9,12 +9,13 @@ with S ``[N, P]`` per head (state size N, head dim P): linattn's gated rule with
 v = dt x, no normalizer, scale 1, B and C shared by the heads of a group (grouped value heads). HF's state is
 ``[B, H, P, N]``, linattn's ``[B, H, N, P]``: the final state is returned as the transposed view of linattn's, so
 a cache that HF fills from it (``zeros_like`` keeps the strides) holds linattn's layout and a decode step updates
-it in place with one compiled call; a state in HF's own layout is updated in place too, through a copy.
+it in place with one compiled call; a state in HF's own layout is updated in place too.
 
 A decode step on CPU (float32 or bfloat16 inputs, a float32 state in either layout, outside autograd) runs in one
 compiled call (`linattn.kernels.cpu_ssm`): the time step, the state update, the read, D and the z gate in one pass
 over the state. `decode_plan` says whether a step takes it, and why not; a step that does not runs the time step
-and the gates in torch around `linattn.step` (a Decoder kept per state tensor).
+and the gates in torch around `linattn.step` (a Decoder kept per state tensor; a state in HF's own layout through
+a copy).
 """
 
 from __future__ import annotations
