@@ -323,6 +323,8 @@ def main() -> None:
                              "temporaries (about 1 GB each per 1024 tokens at Kimi's geometry)")
     parser.add_argument("--model-T", type=int, default=1024, help="prefill length of the whole-model rows")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generate() makes per whole-model row")
+    parser.add_argument("--gen-batch", type=int, nargs="+", default=[1, 8],
+                        help="batch sizes of the generate rows (the same 64-token prompt length in every row)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default=",".join(PARTS),
@@ -387,6 +389,7 @@ def main() -> None:
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
         ids = torch.randint(3, 4096, (1, args.model_T))
+        prompts = {b: torch.randint(3, 4096, (b, 64)) for b in args.gen_batch}
         prompt = ids[:, :64]
         model_threads = args.threads if "models" in only else []
         share_threads = args.share_threads if "share" in only else []
@@ -402,19 +405,23 @@ def main() -> None:
                             "unit": "tokens/s", "hf": T / hf_ms * 1e3, "linattn": T / ours_ms * 1e3,
                             "speedup": hf_ms / ours_ms, "max_rel_diff": err})
 
-                    def generate(path, m=model, model_type=model_type, prompt=prompt):
-                        with path((model_type,)):
-                            return m.generate(prompt, max_new_tokens=args.new_tokens,
-                                              min_new_tokens=args.new_tokens, do_sample=False)
+                    for b, start in prompts.items():
+                        def generate(path, m=model, model_type=model_type, start=start):
+                            with path((model_type,)):
+                                return m.generate(start, max_new_tokens=args.new_tokens,
+                                                  min_new_tokens=args.new_tokens, do_sample=False)
 
-                    # (names of their own: the share row below reads the prefill's times)
-                    hf_gen, ours_gen = paired_medians_ms([lambda: generate(lt.use_hf_torch_fallback),
-                                                          lambda: generate(lt.patch)], max(1, args.repeats - 1))
-                    same = bool(torch.equal(generate(lt.patch), generate(lt.use_hf_torch_fallback)))
-                    n = args.new_tokens
-                    record({"level": "model", "family": name, "what": f"generate {n} tokens after 64",
-                            "threads": threads, "unit": "tokens/s", "hf": n / hf_gen * 1e3,
-                            "linattn": n / ours_gen * 1e3, "speedup": hf_gen / ours_gen, "same_tokens": same})
+                        # (names of their own: the share row below reads the prefill's times)
+                        hf_gen, ours_gen = paired_medians_ms([lambda g=generate: g(lt.use_hf_torch_fallback),
+                                                              lambda g=generate: g(lt.patch)],
+                                                             max(1, args.repeats - 1))
+                        same = bool(torch.equal(generate(lt.patch), generate(lt.use_hf_torch_fallback)))
+                        n = args.new_tokens
+                        record({"level": "model", "family": name,
+                                "what": f"generate {n} tokens after 64" + (f", batch {b}" if b > 1 else ""),
+                                "threads": threads, "unit": "tokens/s", "hf": b * n / hf_gen * 1e3,
+                                "linattn": b * n / ours_gen * 1e3, "speedup": hf_gen / ours_gen,
+                                "same_tokens": same, "batch": b})
                 if threads in share_threads:
                     record({"model": name, "model_type": model_type, "what": f"prefill T={T}", "threads": threads,
                             "unit": "ms", **share_row(hf_ms, hf_rec, ours_ms, ours_rec), "max_rel_diff": err},
@@ -474,10 +481,19 @@ def merged(old: dict, new: dict, only: set[str]) -> dict:
     settings = {"function": ("T", "kda_T"), "model": ("model_T",)}
     kept = [k for level in keep for k in settings[level]] + (["repeats", "threads"] if len(keep) == 2 else [])
     doc = {**new, **{k: old[k] for k in kept if k in old}}
-    doc["rows"] = [r for r in old.get("rows", []) if r["level"] in keep] + new["rows"]
+    # model rows of other models (or thread counts) than this run's stay too
+    redone = {(r["family"], r["what"], r["threads"]) for r in new["rows"] if r["level"] == "model"}
+    doc["rows"] = [r for r in old.get("rows", []) if r["level"] in keep or (
+        r["level"] == "model" and (r["family"], r["what"], r["threads"]) not in redone)] + new["rows"]
     for part in ("share", "train"):
-        if part not in only and part in old:
+        if part not in old:
+            continue
+        if part not in only:
             doc[part] = old[part]
+        elif part in doc:  # rerun for some models or thread counts: the old rows of the others stay
+            redone = {(r["model_type"], r["threads"]) for r in doc[part]["rows"]}
+            kept_rows = [r for r in old[part]["rows"] if (r["model_type"], r["threads"]) not in redone]
+            doc[part] = {**doc[part], "rows": kept_rows + doc[part]["rows"]}
     doc["parts"] = [part for part in PARTS if part in only or part in old.get("parts", ("functions", "models"))]
     return doc
 
