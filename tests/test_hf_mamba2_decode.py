@@ -145,7 +145,7 @@ def test_the_kernel_clamps_dt_to_its_limit(layout):
     state = in_layout(base, layout)
     kd = cpu_backend.kernel("cpu_ssm")
     with torch.no_grad():
-        y = m2._compiled_step(kd, state, *args, kw["D"], kw["dt_bias"], kw["z"], True, dt_limit=(0.05, 0.5))
+        y = m2.compiled_step(kd, state, *args, kw["D"], kw["dt_bias"], kw["z"], True, dt_limit=(0.05, 0.5))
     y_ref, S_ref = reference(base, *raw, True, limit=(0.05, 0.5))
     assert rel(y, y_ref) <= 1e-5 and rel(state, S_ref) <= 1e-5
     y_free, _ = reference(base, *raw, True)

@@ -178,7 +178,7 @@ def mamba2_selective_state_update(state: torch.Tensor, hidden_states: torch.Tens
                          f"hidden_states' {tuple(hidden_states.shape)}), got shape {tuple(D.shape)}")
     plan = _plan(state, hidden_states, dt, A, B, C, D, dt_bias, z, backend)
     if plan.kernel is not None:
-        return _compiled_step(plan.module, state, hidden_states, dt, A, B, C, D, dt_bias, z, dt_softplus)
+        return compiled_step(plan.module, state, hidden_states, dt, A, B, C, D, dt_bias, z, dt_softplus)
     batch, H = shape[0], shape[1]
     cd = torch.float64 if state.dtype == torch.float64 else torch.float32
     # One value per head, read as views (the checks above proved them; one torch call each: at batch 1 the
@@ -330,7 +330,7 @@ def _launch(kd, args: tuple, state: torch.Tensor, y: torch.Tensor) -> torch.Tens
     return y
 
 
-def _compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus,
+def compiled_step(kd, state, x, dt, A, B, C, D, dt_bias, z, dt_softplus,
                    dt_limit=(-math.inf, math.inf)) -> torch.Tensor:
     """The step in one compiled call (`linattn.kernels.cpu_ssm`), every input read where it lies (element
     strides; per-head values at their head strides), the state updated in place: y ``[B, H, P]`` in x's dtype.
