@@ -137,20 +137,22 @@ def _roll(x, sxC, win, w, bias, has_bias, C, W, K, pre):
 
 
 def _roll_fixed(K: int):
-    """`_roll` for a window as long as the kernel (HF's cache: W = K) with K a compile-time constant: LLVM then
-    unrolls the taps and the shift, 3-4x faster than the loops of a runtime K."""
+    """`_roll` for a window as long as the kernel (HF's cache: W = K) with K a compile-time constant, in three
+    passes that each run straight through memory: the whole window moved left by one element (each row's oldest
+    entry falls into the previous row's last, which x then overwrites), x into every row's last entry, then the taps
+    over each new row. 1.4x (float32) to 3.5x (bfloat16) faster than one pass per channel, which is 3-4x faster
+    than the loops of a runtime K."""
 
     def roll(x, sxC, win, w, bias, has_bias, C, W, K_, pre):
+        for i in range(C * K - 1):
+            win[i] = win[i + 1]
         for c in range(C):
-            xv = x[c * sxC]
+            win[c * K + K - 1] = x[c * sxC]
+        for c in range(C):
             r = c * K
             acc = as_f32(bias[c]) if has_bias else np.float32(0.0)
-            for j in range(K - 1):
-                acc += as_f32(w[r + j]) * as_f32(win[r + 1 + j])
-            acc += as_f32(w[r + K - 1]) * as_f32(xv)
-            for i in range(K - 1):
-                win[r + i] = win[r + i + 1]
-            win[r + K - 1] = xv
+            for j in range(K):
+                acc += as_f32(w[r + j]) * as_f32(win[r + j])
             pre[c] = acc
 
     return numba.njit(**_INLINE)(roll)
