@@ -127,11 +127,13 @@ def _refused(case, x, window, w, b):
         return x, window, w.clone().requires_grad_(), b
     if case == "bias of another size":
         return x, window, w, b[:-1]
+    if case == "token inside the window":
+        return window[..., -1:], window, w, b
     raise AssertionError(case)
 
 
 REFUSED = ["float64", "mixed dtypes", "window not contiguous", "window too short", "two tokens", "weight needs grad",
-           "bias of another size"]
+           "bias of another size", "token inside the window"]
 
 
 @pytest.mark.parametrize("case", REFUSED)

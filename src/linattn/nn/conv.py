@@ -158,11 +158,14 @@ def fast_update(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bia
         return None
     if window.is_inference() and not _inference_mode():
         return None  # HF's in-place copy raises there: the checked path gives that error
+    x_at, win_at = x.data_ptr(), window.data_ptr()
+    if win_at <= x_at < win_at + B * C * W * dtype.itemsize:
+        return None  # a token inside the window would be overwritten while it is read: HF's copy-first path
     conv = cpu_backend.kernel("cpu_conv")
     if conv is None:
         return None
     out = _empty((B, C, 1), dtype=dtype)
-    conv.update_hf(x.data_ptr(), x.stride(0), x.stride(1), window.data_ptr(), B, C, W, weight.data_ptr(), K,
+    conv.update_hf(x_at, x.stride(0), x.stride(1), win_at, B, C, W, weight.data_ptr(), K,
                    0 if bias is None else bias.data_ptr(), out.data_ptr(), 1 if silu else 0,
                    0 if dtype is _F32 else 1)
     increment_version(window)  # written through a raw address: autograd must know
