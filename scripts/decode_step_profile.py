@@ -26,6 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from linattn import backends
 from linattn import decode as lindecode
 from linattn.integrations import transformers as lt
 from linattn.kernels import cpu_decode
@@ -67,7 +68,8 @@ def modes_for(family: str, H: int, HV: int, D: int):
     ours = lt.recurrent_kimi_delta_attention if kda else lt.recurrent_gated_delta_rule
     hf = (hf_fn("kimi_linear", "recurrent_kimi_delta_attention") if kda
           else hf_fn("qwen3_5", "torch_recurrent_gated_delta_rule"))
-    fixed = lindecode.plain_args("auto", "gated_delta", "l2", False, D**-0.5, 1e-6, "add")
+    fixed = lindecode.plain_args(backends.plan_step("auto", states[0]), "gated_delta", "l2", False, D**-0.5, 1e-6,
+                                 "add")
     state = State(states[0])  # kernel, fast_decode and adapter update the same memory: no mode has a warmer state
 
     def kernel(i, S=states[0]):
@@ -103,11 +105,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", default="1", help="torch's thread counts, each row at each (e.g. 1,2)")
+    parser.add_argument("--families", default="gdn,kda,tiny", help="which of gdn, kda, tiny (the 8 x 8 state)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    lines = [f"HF's replaced decode step, where the time goes: {processor()} ({os.cpu_count()} cores), one thread, "
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    lines = [f"HF's replaced decode step, where the time goes: {processor()} ({os.cpu_count()} cores), "
+             f"torch threads {args.threads} (thr), "
              f"torch {torch.__version__}; medians of {args.repeats} interleaved steps (us); load = 1-min load "
              "average after the row; GB/s = the state read and written once in that time", ""]
 
@@ -117,8 +122,10 @@ def main() -> None:
 
     evict = torch.ones(16 << 20)  # 64 MiB
     with torch.no_grad():
+        cases = {"gdn": ("gdn", 16, 32, 128), "kda": ("kda", 32, 32, 128), "tiny": ("gdn", 2, 4, 8)}
         for _ in range(args.rounds):
-            for family, H, HV, D in (("gdn", 16, 32, 128), ("kda", 32, 32, 128), ("gdn", 2, 4, 8)):
+            for (family, H, HV, D), threads in ((cases[f], t) for f in args.families.split(",") for t in thread_counts):
+                torch.set_num_threads(threads)
                 modes, keep = modes_for(family, H, HV, D)
                 nbytes = 2 * HV * D * D * 4
                 name = {"gdn": "Qwen3.5 GDN", "kda": "Kimi KDA"}[family] + f" {H}/{HV} x {D} x {D}"
@@ -128,7 +135,7 @@ def main() -> None:
                     m = medians(modes, args.repeats, ev)
                     parts = "  ".join(f"{n} {t:8.1f}" + (f" ({nbytes / t / 1e3:4.1f} GB/s)" if n in ("copy", "kernel")
                                                          else "") for n, t in m.items())
-                    emit(f"{name:28s} {label:5s} {parts}  HF/adapter {m['HF'] / m['adapter']:.2f}x  "
+                    emit(f"{name:28s} thr {threads} {label:5s} {parts}  HF/adapter {m['HF'] / m['adapter']:.2f}x  "
                          f"load {os.getloadavg()[0]:.2f}")
                 del keep
     if args.out:

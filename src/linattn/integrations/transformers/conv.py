@@ -10,7 +10,7 @@ import torch
 
 from linattn.checks import check_cu_seqlens
 from linattn.integrations.transformers.common import on_linattn, packed_boundaries
-from linattn.nn.conv import causal_conv, conv_torch, conv_update
+from linattn.nn.conv import causal_conv, conv_torch, conv_update, fast_update
 
 _ACTIVATIONS = {None: None, "silu": "silu", "swish": "silu"}
 
@@ -62,7 +62,13 @@ def causal_conv1d_update(hidden_states: torch.Tensor, conv_state: torch.Tensor, 
                          fallback=None) -> torch.Tensor:
     """HF's ``causal_conv1d_update``: ``hidden_states [B, C, L]`` (L = 1 in decode) after the inputs held in
     ``conv_state [B, C, W]`` (W >= K - 1), which takes the last W inputs in place. Returns ``[B, C, L]`` in
-    ``hidden_states``' dtype. One token in one dtype outside autograd runs the compiled update."""
+    ``hidden_states``' dtype. One token, all float32 or all bfloat16, outside autograd runs one compiled call
+    (`linattn.nn.conv.fast_update`); float64 the compiled update too."""
+    if (backend == "auto" or backend == "cpu") and (activation is None or activation == "silu"
+                                                    or activation == "swish"):
+        out = fast_update(hidden_states, conv_state, weight, bias, activation is not None)
+        if out is not None:
+            return out
     if not on_linattn(backend, fallback, hidden_states):
         return fallback(hidden_states, conv_state, weight, bias, activation)
     if activation not in _ACTIVATIONS:
