@@ -97,6 +97,7 @@ def test_usual_step_is_one_kernel_call_and_agrees(calls, dtype, case):
             ptr = S.data_ptr()
             o, S_out = ours(*step, initial_state=S, scale=scale, **kw)
             assert S_out is S and S.data_ptr() == ptr and o.dtype == dtype and o.shape == (B, 1, HV, Dv)
+            assert o.is_contiguous() and o.stride() == (HV * Dv, HV * Dv, Dv, 1)
             assert len(calls) == before + 1 and calls[-1][5] == calls[-1][6] == ptr  # one call, in place
             if B == 1:  # HF's own token tensors read where they lie: no copy
                 assert calls[-1][:5] == tuple(x.data_ptr() for x in step)

