@@ -347,6 +347,34 @@ def torch_prefill(q, k, v, g, beta, S0, cu, scale):
     return o, torch.stack(finals)
 
 
+def grouped_chunk_refusal(rule: str, q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                          plain: bool) -> str | None:
+    """Why "auto" keeps the token loop for a CPU prefill the kernels take (no grad, no packing, form "chunk"),
+    rather than the grouped chunk form (`grouped_prefill`), or None when the policy's rule picks the chunk form."""
+    if rule != "gated" or g is None or g.dim() != 3:
+        return "only the gated rule with one gate per head runs as grouped matmuls"
+    if not plain:
+        return "a feature map or a normalizer runs in the token loop"
+    B, T, Hq, _ = q.shape
+    if not policy.grouped_chunk(T, v.shape[-2] // Hq):
+        return "too few tokens or value heads per q/k head for the grouped matmuls to win"
+    return None
+
+
+def grouped_prefill(q, k, v, g, state, scale):
+    """The grouped chunk form (`linattn.ops.gated.chunk_grouped`) in float32 on torch's threads, outside autograd:
+    ``q, k [B, T, Hq, N]``, ``v [B, T, H, P]``, ``g [B, T, H]``, ``state [B, H, N, P]`` (float32, not written).
+    Returns ``o [B, T, H, P]`` in ``v.dtype`` and the final state ``[B, H, N, P]``, as `prefill` does."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    f = [x.detach().to(torch.float32) for x in (q, k, v, g)]  # (no copy when float32 already)
+    out = buffers.empty(tuple(v.shape))  # advised onto huge pages: no 4 KiB page faults as it is written
+    o, S = ops_gated.chunk_grouped(*f, initial_state=state.detach(), chunk_size=policy.GROUPED_CHUNK_SIZE,
+                                   scale=scale, out=out)
+    if v.dtype != torch.float32:
+        o = buffers.empty(tuple(o.shape), v.dtype).copy_(o)
+    return o, S.contiguous()
+
+
 def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend):
     """One decode token on the numba kernel (the general step: any batch, threads over heads); arguments as
     `linattn.backends.step` takes them. None when the torch form should run (a strided state in place)."""

@@ -54,6 +54,20 @@ def conv_threads(T: int, available: int) -> int:
     return max(1, min(available, T // CONV_SPLIT_MIN_TOKENS))
 
 
+# A CPU prefill of the gated rule with one gate per head, no feature map or normalizer and no autograd (Mamba-2's
+# scan) runs as the grouped chunk form, one matrix product per group of value heads sharing q/k
+# (`linattn.ops.gated.chunk_grouped`), from this many tokens and value heads per q/k head; below, the token loop.
+GROUPED_CHUNK_MIN_TOKENS = 256
+GROUPED_CHUNK_MIN_GROUP = 4
+GROUPED_CHUNK_SIZE = 64
+
+
+def grouped_chunk(T: int, group: int) -> bool:
+    """Whether the grouped chunk form runs a qualifying CPU prefill of ``T`` tokens with ``group`` value heads per
+    q/k head."""
+    return T >= GROUPED_CHUNK_MIN_TOKENS and group >= GROUPED_CHUNK_MIN_GROUP
+
+
 # The Triton kernels run only when asked for (backend="triton") until a GPU run has measured them.
 TRITON_UNDER_AUTO = False
 
