@@ -205,23 +205,25 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     public layout, with the products of a group as single matrix products over all its value heads.
 
     Shapes: ``q, k [B, T, G, N]`` (G q/k groups), ``v [B, T, H, P]`` (H value heads, H a multiple of G; head h reads
-    group ``h // (H // G)``), ``g [B, T, H]`` log-gates, ``initial_state [B, H, N, P]``; all in one dtype (the
-    state's), no autograd. ``out``: an optional ``[B, T, H, P]`` tensor the output is written into. Returns
-    ``o [B, T, H, P]`` and the final state ``[B, H, N, P]`` (the recurrence S_t = exp(g_t) S_{t-1} + k_t v_t^T,
-    o_t = scale * S_t^T q_t, as `recurrent`).
+    group ``h // (H // G)``), ``g [B, T, H]`` log-gates, ``initial_state [B, H, N, P]`` (not written); q, k, v and
+    the state in one dtype, no autograd. ``out``: an optional contiguous ``[B, T, H, P]`` tensor the output is
+    written into. Returns ``o [B, T, H, P]`` and the final state ``[B, H, N, P]``: the recurrence of `recurrent`,
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t.
 
     Per chunk of C tokens and per group, the Hg = H / G heads of the group lie side by side in a state
-    ``S [N, Hg*P]``. With Gc the cumulative log-gate inside the chunk (per head) and G_L its last value:
+    ``[N, Hg*P]``, so that each product below is one matrix product per group. With Gc the cumulative log-gate
+    inside the chunk (per head), G_L its last value and m = G_L / 2 (the middle of the chunk's decay):
 
-    * inter: ``o_i += exp(Gc_i) * (q_i S)``: one [C, N] x [N, Hg*P] product per group;
-    * intra: ``o_i += sum_{j <= i} (q_i . k_j) exp(Gc_i - Gc_j) v_j``. Where every head's chunk decay G_L is
-      at least ``-2 * SAFE_LOG_DECAY``, exp(Gc_i - Gc_j) = exp(Gc_i - m) exp(m - Gc_j) with m = G_L / 2 (both
-      factors within exp(+-SAFE_LOG_DECAY)), so the intra term is ``exp(Gc_i - m) * (tril(Q K^T) (exp(m - Gc) * V))``:
-      one [C, C] x [C, Hg*P] product per group. Otherwise (strong decay, a reset) each head's masked decay matrix
-      exp(Gc_i - Gc_j), j <= i, is formed from float64 differences, and the heads run as one batched product;
-    * state: ``S = exp(G_L) * S + K^T (exp(G_L - Gc) * V)``: one [N, C] x [C, Hg*P] product per group.
+    * o_i = scale * exp(Gc_i - m) * (q_i S~ + sum_{j <= i} (q_i . k_j) exp(m - Gc_j) v_j), with S~ = exp(m) S the
+      state kept scaled: [C, N] x [N, Hg*P] plus tril(Q K^T) [C, C] x [C, Hg*P], accumulated in one buffer. The
+      factors exp(Gc_i - m) exp(m - Gc_j) = exp(Gc_i - Gc_j) stay within exp(+-SAFE_LOG_DECAY) when G_L >=
+      -2 SAFE_LOG_DECAY;
+    * the next chunk's scaled state: S~' = exp(m' + G_L / 2) (S~ + K^T (exp(m - Gc) * V)), m' the next chunk's
+      middle (0 after the last chunk): [N, C] x [C, Hg*P], then one scaling pass, the only pass over the state.
 
-    Only differences G_i - G_j (j <= i) or halves of a chunk's decay are exponentiated, so nothing overflows;
+    A head whose chunk decays further (a reset, strong gates) takes m = 0 in that chunk: its q_i S~ term is kept,
+    its factored terms are zeroed, and its intra-chunk sum and state write are added exactly, from its masked
+    decay matrix exp(Gc_i - Gc_j), j <= i (float64 differences). Nothing is exponentiated beyond exp(+-60);
     gates pass through `log_cumsum` (-inf is an exact reset).
     """
     B, T, G, N = q.shape
@@ -231,19 +233,21 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     n = -(-T // C)
     # Chunk-local cumulative gates [B, n, C, H] in float64 (padded gates are 0: the last chunk's G_L is its own).
     Gc = log_cumsum(torch.nn.functional.pad(g, (0, 0, 0, n * C - T)).view(B, n, C, H), dim=2)
-    G_L = Gc[:, :, -1:]
-    # Heads whose chunk decays too far to factor (|Gc - m| would pass SAFE_LOG_DECAY): their intra term is exact.
-    exact = G_L[:, :, 0] < -2 * SAFE_LOG_DECAY  # [B, n, H]
-    any_exact = exact.any(dim=-1).tolist()  # [B][n]: one sync
-    m = G_L / 2
-    e_G = exp_in(Gc, dt).mul_(scale)  # the scale rides on the per-row factors
-    # (clamped so that the exact heads' factored columns, overwritten later, stay finite)
-    e_pos = exp_in((Gc - m).clamp_(-SAFE_LOG_DECAY, SAFE_LOG_DECAY), dt).mul_(scale)
-    e_neg = exp_in((m - Gc).clamp_(-SAFE_LOG_DECAY, SAFE_LOG_DECAY), dt)
-    tail, decay = exp_in(G_L - Gc, dt), exp_in(G_L, dt)
-    # The state of each group with its heads side by side: [B, G, N, Hg*P] (one copy in, one out).
+    G_L = Gc[:, :, -1:]  # [B, n, 1, H]
+    factored = G_L >= -2 * SAFE_LOG_DECAY
+    exact_any = (~factored).any(dim=-1)[:, :, 0].tolist()  # [B][n]: the one sync
+    m = torch.where(factored, G_L / 2, 0.0)
+    m_next = torch.nn.functional.pad(m[:, 1:], (0, 0, 0, 0, 0, 1))  # 0 after the last chunk: S~ is S there
+    e_pos = exp_in(Gc - m, dt).mul_(scale)  # (the scale rides on the output's factor)
+    e_neg = exp_in((m - Gc).clamp_(max=SAFE_LOG_DECAY), dt).mul_(factored)  # exact heads: 0
+    to_next = exp_in(m_next + G_L - m, dt)  # [B, n, 1, H], at most 1
+    # Where that factor of a factored head would be subnormal (its exponent from -120 to -87 in float32: few bits
+    # left), the pass is split in two factors, exp(G_L - m) and exp(m'), both at least exp(-SAFE_LOG_DECAY).
+    split = ((m_next + G_L / 2 < -1.25 * SAFE_LOG_DECAY) & factored).any(dim=-1)[:, :, 0].tolist()
+    halves = exp_in(G_L - m, dt), exp_in(m_next, dt)
     S = torch.empty(B, G, N, Hg * P, dtype=dt, device=v.device)  # ours: the caller's state is never written
     S.view(B, G, N, Hg, P).copy_(initial_state.unflatten(1, (G, Hg)).transpose(2, 3))
+    S.view(B, G, N, Hg, P).mul_(exp_in(m[:, 0, 0], dt).view(B, G, 1, Hg, 1))  # S~ of the first chunk
     o = torch.empty(B, T, H, P, dtype=dt, device=v.device) if out is None else out
     bufs: dict[int, tuple] = {}  # per chunk length: reused buffers (fresh large tensors fault in their pages)
     for b in range(B):
@@ -251,33 +255,33 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
             t0 = c * C
             L = min(C, T - t0)
             if L not in bufs:
-                bufs[L] = tuple(torch.empty(G, L, Hg * P, dtype=dt, device=v.device) for _ in range(3))
-            Y, intra, Vw = bufs[L]
+                bufs[L] = (*(torch.empty(G, L, Hg * P, dtype=dt, device=v.device) for _ in range(2)),
+                           torch.empty(G, N, L, dtype=dt, device=v.device))
+            Y, Vn, kTc = bufs[L]
             qc, kc = q[b, t0:t0 + L].transpose(0, 1), k[b, t0:t0 + L].transpose(0, 1)  # [G, L, N]
             vc = v[b, t0:t0 + L]  # [L, H, P]
-            Vg = vc.reshape(L, G, Hg, P).transpose(0, 1)  # [G, L, Hg, P]
 
             def per_head(x, b=b, c=c, L=L):  # [B, n, C, H] -> [G, L, Hg, 1]: a factor on each head's columns
                 return x[b, c, :L].view(L, G, Hg, 1).transpose(0, 1)
 
-            Sb, Y4 = S[b], Y.view(G, L, Hg, P)
-            torch.bmm(qc, Sb, out=Y)  # inter (before the decay): q_i S
+            Sb, Y4, o4 = S[b], Y.view(G, L, Hg, P), o[b, t0:t0 + L].view(L, G, Hg, P).transpose(0, 1)
+            torch.mul(vc.reshape(L, G, Hg, P).transpose(0, 1), per_head(e_neg), out=Vn.view(G, L, Hg, P))
             CB = torch.bmm(qc, kc.transpose(1, 2)).tril_()  # [G, L, L] q_i . k_j, j <= i: shared by the group
-            torch.mul(Vg, per_head(e_neg), out=Vw.view(G, L, Hg, P))
-            torch.bmm(CB, Vw, out=intra)
-            Y4.mul_(per_head(e_G))
-            torch.addcmul(Y4, intra.view(G, L, Hg, P), per_head(e_pos), out=o[b, t0:t0 + L].view(L, G, Hg, P)
-                          .transpose(0, 1))
-            if any_exact[b][c]:  # those heads again, from their masked decay matrices, over what was written
-                heads = exact[b, c].nonzero()[:, 0]
+            torch.bmm(qc, Sb, out=Y).baddbmm_(CB, Vn)
+            torch.mul(Y4, per_head(e_pos), out=o4)
+            kTc.copy_(kc.transpose(1, 2))  # K^T with unit stride along tokens: a faster product than the view
+            S4 = Sb.baddbmm_(kTc, Vn).view(G, N, Hg, P)
+            for factor in (halves if split[b][c] else (to_next,)):
+                S4.mul_(factor[b, c].view(G, 1, Hg, 1))
+            if exact_any[b][c]:  # the exact heads' intra-chunk sums and state writes, added where they lie
+                heads = (~factored[b, c, 0]).nonzero()[:, 0]
                 group, within = heads // Hg, heads % Hg
-                decays = masked_exp_diff(Gc[b, c, :L, heads].T, dt).mul_(scale).mul_(CB[group])  # [u, L, L]
-                own = torch.bmm(decays, vc[:, heads].transpose(0, 1)).add_(Y4[group, :, within])  # [u, L, P]
-                o[b, t0:t0 + L, heads] = own.transpose(0, 1)
-            # S = exp(G_L) S + K^T (exp(G_L - Gc) V)
-            torch.mul(Vg, per_head(tail), out=Vw.view(G, L, Hg, P))
-            Sb.view(G, N, Hg, P).mul_(decay[b, c].view(G, 1, Hg, 1))
-            Sb.baddbmm_(kc.transpose(1, 2), Vw)
+                Gh = Gc[b, c, :L, heads].T  # [u, L] float64
+                vh = vc[:, heads].transpose(0, 1)  # [u, L, P]
+                decays = masked_exp_diff(Gh, dt).mul_(scale).mul_(CB[group])  # [u, L, L]
+                o[b, t0:t0 + L, heads] += torch.bmm(decays, vh).transpose(0, 1)
+                tail = exp_in(m_next[b, c, 0, heads, None] + Gh[:, -1:] - Gh, dt)  # [u, L]: exp(m' + G_L - Gc_j)
+                S.view(B, G, N, Hg, P)[b, group, :, within] += torch.bmm(kTc[group], vh * tail[..., None])
     return o, S.view(B, G, N, Hg, P).transpose(2, 3).reshape(B, H, N, P)
 
 
