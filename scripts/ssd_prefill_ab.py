@@ -8,9 +8,9 @@ Rows:
   8 groups) at ``--T`` tokens (ggml_bench.py's inputs and gates), at each of ``--threads``: the token loop
   (``backend="cpu"``), what ``backend="auto"`` runs (the plan is printed), ``chunk_grouped`` itself at each of
   ``--chunks`` tokens per chunk, and ggml (``--lib``, as in scripts/ggml_bench.py);
-* ``sweep`` (the policy's thresholds, `linattn.backends.policy.GROUPED_CHUNK_MIN_TOKENS` / ``_MIN_GROUP``): 32
-  value heads of dim 64, state 128, at several T and value heads per q/k head, the chunk form's time over the token
-  loop's (below 1: the chunk form is faster).
+* ``sweep`` (the policy's thresholds, `linattn.backends.policy.GROUPED_CHUNK_MIN_TOKENS` / ``_MIN_GROUP``): 128
+  value heads of dim 64, state 128, over T and over the value heads per q/k head, the chunk form's time over the
+  token loop's (below 1: the chunk form is faster).
 
     PYTHONPATH=src python scripts/ssd_prefill_ab.py --lib /work/tmp/ggml2/build/src \\
         --out benchmarks/results/ssd_prefill_ab_cpu.txt
@@ -128,20 +128,23 @@ def layer_rows(args, lib, lines):
 
 
 def sweep_rows(args, lines):
-    lines.append("sweep: 32 value heads of dim 64, state 128; chunk form (auto's chunk size) over token loop time")
+    """Chunk form over token loop time, 128 value heads of dim 64, state 128: over T at 16 value heads per q/k head
+    (Nemotron-H-8B's grouping), and over the grouping at T = 1024."""
+    lines.append("sweep: 128 value heads of dim 64, state 128; time of the chunk form (auto's chunk size) over the "
+                 "token loop's (below 1: the chunk form is faster), token loop ms in brackets")
+    grid = [(16, T) for T in (128, 256, 512, 1024, 2048)] + [(group, 1024) for group in (2, 4, 8, 32, 128)]
     for threads in args.threads:
         torch.set_num_threads(threads)
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        for group in (1, 2, 4, 8, 32):
-            cells = []
-            for T in (64, 128, 256, 512, 1024):
-                q, k, v, g = inputs(T, 32, 32 // group)
-                fns = calls(q, k, v, g, [linattn.backends.policy.GROUPED_CHUNK_SIZE])
-                fns.pop("auto")
-                ms = medians_ms(fns, args.repeats)
-                chunk = next(t for n, t in ms.items() if n.startswith("chunk"))
-                cells.append(f"T={T}: {chunk / ms['token loop']:4.2f}x ({ms['token loop']:6.2f} ms)")
-            lines.append(f"  {threads}t group {group:2d}  " + "  ".join(cells) + f"  load {os.getloadavg()[0]:.1f}")
+        for group, T in grid:
+            q, k, v, g = inputs(T, 128, 128 // group)
+            fns = calls(q, k, v, g, [linattn.backends.policy.GROUPED_CHUNK_SIZE])
+            fns.pop("auto")
+            ms = medians_ms(fns, args.repeats)
+            chunk = next(t for n, t in ms.items() if n.startswith("chunk"))
+            loop = ms["token loop"]
+            lines.append(f"  {threads}t  value heads per q/k head {group:3d}  T={T:5d}  {chunk / loop:5.2f}x"
+                         f"  ({loop:7.2f} ms)  load {os.getloadavg()[0]:.1f}")
             print(lines[-1], flush=True)
 
 

@@ -59,7 +59,7 @@ def conv_threads(T: int, available: int) -> int:
 # (`linattn.ops.gated.chunk_grouped`), from this many tokens and value heads per q/k head; below, the token loop.
 GROUPED_CHUNK_MIN_TOKENS = 256
 GROUPED_CHUNK_MIN_GROUP = 4
-GROUPED_CHUNK_SIZE = 64
+GROUPED_CHUNK_SIZE = 32
 
 
 def grouped_chunk(T: int, group: int) -> bool:
