@@ -85,6 +85,12 @@ def test_reset_forgets_the_state_exactly():
     assert torch.isfinite(o).all() and torch.equal(o, o0) and torch.equal(S, S00)
 
 
+def test_no_tokens_returns_the_initial_state():
+    q, k, v, g, S0 = case(2, 0, 2, 3, 5, 4, "mild", True)
+    o, S = chunk_grouped(q, k, v, g, initial_state=S0)
+    assert o.shape == (2, 0, 6, 4) and torch.equal(S, S0) and S is not S0
+
+
 def test_out_is_written_and_returned():
     q, k, v, g, S0 = case(1, 40, 1, 3, 5, 4, "mild", True)
     out = torch.full(v.shape, float("nan"))

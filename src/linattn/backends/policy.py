@@ -57,8 +57,8 @@ def conv_threads(T: int, available: int) -> int:
 # A CPU prefill of the gated rule with one gate per head, no feature map or normalizer and no autograd (Mamba-2's
 # scan) runs as the grouped chunk form, one matrix product per group of value heads sharing q/k
 # (`linattn.ops.gated.chunk_grouped`), from this many tokens and value heads per q/k head; below, the token loop.
-GROUPED_CHUNK_MIN_TOKENS = 256
-GROUPED_CHUNK_MIN_GROUP = 4
+GROUPED_CHUNK_MIN_TOKENS = 2048
+GROUPED_CHUNK_MIN_GROUP = 16
 GROUPED_CHUNK_SIZE = 32
 
 

@@ -6,6 +6,9 @@ work skipped. Gates stay in log space; inside a chunk only differences G_i - G_j
 are exponentiated, so nothing overflows however small the gates (see docs/mechanism.md §2). The sums are formed by
 ``common.log_cumsum``, which floors each gate first: g = -inf is then an exact reset (the state before it is
 forgotten) in every form, and huge finite gates (-1e30) leave the later small differences intact.
+
+`chunk_grouped` is the chunk form for one gate per head with q/k shared by groups of value heads (Mamba-2's scan),
+in the public layout, each group's heads in one matrix product: what the CPU backend runs for such prefills.
 """
 
 from __future__ import annotations
@@ -229,7 +232,9 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     B, T, G, N = q.shape
     H, P = v.shape[-2:]
     Hg, dt = H // G, initial_state.dtype
-    C = max(1, min(chunk_size, T))
+    if T == 0:
+        return (torch.empty(B, 0, H, P, dtype=dt, device=v.device) if out is None else out), initial_state.clone()
+    C = min(chunk_size, T)
     n = -(-T // C)
     # Chunk-local cumulative gates [B, n, C, H] in float64 (padded gates are 0: the last chunk's G_L is its own).
     Gc = log_cumsum(torch.nn.functional.pad(g, (0, 0, 0, n * C - T)).view(B, n, C, H), dim=2)
