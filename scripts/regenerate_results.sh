@@ -48,6 +48,9 @@ if [[ -n "${GGML_LIB_DIR:-}" ]]; then
   OMP_WAIT_POLICY=PASSIVE python scripts/ggml_bench.py --lib "$GGML_LIB_DIR" --overwrite \
     --out "$R/ggml_side_by_side_cpu.json"
 fi
+# Mamba-2's scan as grouped matmuls against the token loop (and ggml's, when built); the policy's thresholds:
+OMP_WAIT_POLICY=PASSIVE python scripts/ssd_prefill_ab.py ${GGML_LIB_DIR:+--lib "$GGML_LIB_DIR"} --chunks 32 64 \
+  --repeats 9 --overwrite --out "$R/ssd_prefill_ab_cpu.txt"
 # MQAR: why the sweep's attention has a convolution and length 256 a mixture; Gated DeltaNet's decay at init.
 OMP_NUM_THREADS=1 python scripts/mqar_ablation.py --overwrite --output "$R/mqar_ablation_cpu.txt"
 # MQAR: the grid in stages (training takes 10-60 minutes; see the script), then the latency pass alone.

@@ -54,9 +54,15 @@ def conv_threads(T: int, available: int) -> int:
     return max(1, min(available, T // CONV_SPLIT_MIN_TOKENS))
 
 
-# A CPU prefill of the gated rule with one gate per head, no feature map or normalizer and no autograd (Mamba-2's
-# scan) runs as the grouped chunk form, one matrix product per group of value heads sharing q/k
-# (`linattn.ops.gated.chunk_grouped`), from this many tokens and value heads per q/k head; below, the token loop.
+# A CPU prefill under "auto" of the gated rule with one gate per head, no feature map or normalizer, no autograd
+# and no packing (Mamba-2's scan; packed sequences keep the token loop) runs as the grouped chunk form, one matrix
+# product per group of value heads sharing q/k and chunk (`linattn.ops.gated.chunk_grouped`), from this many tokens
+# and value heads per q/k head; otherwise the token loop. On the 2-core AMD EPYC with AVX-512, 1 thread, load
+# average 1.3-3 (benchmarks/results/ssd_prefill_ab_cpu.txt, scripts/ssd_prefill_ab.py): at T=4096 the call took
+# 0.78x the token loop's time at Mamba-2-2.7B's layer (80 value heads per q/k head) and 0.74x at Nemotron-H-8B's
+# (16), chunks of 32 tokens 0.70x / 0.62x against 0.81x / 0.82x for chunks of 64; at 16 value heads per q/k head
+# 0.94x from 2048 tokens and 0.95-1.04x below; at T=1024 1.12-1.51x with 2-4 value heads per q/k head and 1.04-1.07x
+# with 8-128. Two threads shared the cores with other work in that run, so no 2-thread rule is set apart.
 GROUPED_CHUNK_MIN_TOKENS = 2048
 GROUPED_CHUNK_MIN_GROUP = 16
 GROUPED_CHUNK_SIZE = 32
