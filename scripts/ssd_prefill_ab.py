@@ -161,8 +161,8 @@ def main() -> None:
     args = parser.parse_args()
     lines = [f"scripts/ssd_prefill_ab.py {' '.join(sys.argv[1:])}",
              f"{ggml_bench.processor()} ({ggml_bench.vector_isa()}), {os.cpu_count()} cores, torch "
-             f"{torch.__version__}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, 1-min load at start "
-             f"{os.getloadavg()[0]:.1f}; B=1, float32, medians of {args.repeats} interleaved runs"]
+             f"{torch.__version__}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, "
+             f"1-min load at start {os.getloadavg()[0]:.1f}; B=1, float32, medians of {args.repeats} interleaved runs"]
     start = time.perf_counter()
     with torch.no_grad():
         if args.skip != "layers":
