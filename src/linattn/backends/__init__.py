@@ -37,14 +37,16 @@ class Plan:
     module the plan runs (the Triton kernels, found once by the refusal check; for a decode step on ``"cpu"``, the
     one-call decode kernel). A step's plan is made before its arguments are checked, so it also keeps the
     ``backend`` asked for and, where a forced backend refuses whatever the tensors are, the ``error`` that running
-    the plan raises (after the checks, so a bad argument is named first)."""
+    the plan raises (after the checks, so a bad argument is named first). ``grouped_chunk``: a CPU prefill that
+    runs as grouped matrix products (`linattn.ops.gated.chunk_grouped`, Mamba-2's scan) rather than the token loop
+    (`linattn.backends.policy.grouped_chunk`)."""
 
     kernel: str | None
     why: str
     module: object = field(default=None, repr=False, compare=False)
     backend: str = "auto"
     error: str | None = None
-    grouped_chunk: bool = False  # a CPU prefill in matmuls (`linattn.ops.gated.chunk_grouped`), not the token loop
+    grouped_chunk: bool = False
 
     @property
     def runs(self) -> str:
