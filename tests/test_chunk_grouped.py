@@ -140,6 +140,22 @@ def test_auto_with_bfloat16_inputs_widens_them():
     assert rel(o, o_ref) <= 1e-2 and rel(st.S, S_ref) <= 1e-5
 
 
+def test_strided_inputs_as_hf_splits_them():
+    """q, k, v and g as views into larger tensors (one projection split, a transposed gate): read where they lie."""
+    q, k, v, g, S0 = mamba_like(T=LONG + 64, P=6)
+    G, N, H, P = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
+    proj = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1)
+    qs, ks, vs = proj.split([G * N, G * N, H * P], dim=-1)
+    qs, ks, vs = qs.unflatten(-1, (G, N)), ks.unflatten(-1, (G, N)), vs.unflatten(-1, (H, P))
+    gs = g.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not (qs.is_contiguous() or vs.is_contiguous() or gs.is_contiguous())
+    o, st = linattn.linear_attention(qs, ks, vs, g=gs, initial_state=linattn.State(S0), output_final_state=True,
+                                     **KW)
+    assert linattn.plan(linattn.linear_attention, qs, ks, vs, g=gs, **KW).grouped_chunk
+    o_ref, S_ref = ref(q, k, v, g, S0, 1.0)
+    assert rel(o, o_ref) <= 1e-5 and rel(st.S, S_ref) <= 1e-5
+
+
 def test_default_scale_and_no_initial_state():
     q, k, v, g, _ = mamba_like()
     o, st = linattn.linear_attention(q, k, v, rule="gated", g=g, normalize=False, output_final_state=True)
