@@ -156,6 +156,33 @@ def test_strided_inputs_as_hf_splits_them():
     assert rel(o, o_ref) <= 1e-5 and rel(st.S, S_ref) <= 1e-5
 
 
+@pytest.mark.parametrize("G,Hg,threads", [(1, 16, 2), (2, 16, 2), (2, 16, 3), (3, 16, 2)])
+def test_shares_of_the_heads_on_threads(G, Hg, threads):
+    """On several threads each share of the heads runs on its own thread with torch on one; torch's thread count is
+    restored afterwards."""
+    q, k, v, g, S0 = case(2, LONG, G, Hg, 9, 5, "strong", True, seed=G + threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        o, st = linattn.linear_attention(q, k, v, g=g, initial_state=linattn.State(S0), output_final_state=True,
+                                         **KW)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    o_ref, S_ref = ref(q, k, v, g, S0, 1.0)
+    assert rel(o, o_ref) <= 1e-5 and rel(st.S, S_ref) <= 1e-5
+
+
+@pytest.mark.parametrize("G,Hg,n,shares", [
+    (1, 80, 2, [(0, 40), (40, 80)]),
+    (8, 16, 2, [(0, 64), (64, 128)]),
+    (2, 3, 8, [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6)]),
+    (1, 1, 2, [(0, 1)]),
+])
+def test_head_shares(G, Hg, n, shares):
+    assert cpu_backend.head_shares(G, Hg, n) == shares
+
+
 def test_default_scale_and_no_initial_state():
     q, k, v, g, _ = mamba_like()
     o, st = linattn.linear_attention(q, k, v, rule="gated", g=g, normalize=False, output_final_state=True)

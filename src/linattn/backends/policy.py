@@ -68,6 +68,15 @@ GROUPED_CHUNK_MIN_GROUP = 16
 GROUPED_CHUNK_SIZE = 32
 
 
+def grouped_chunk_threads(available: int, heads: int) -> int:
+    """Threads for the grouped chunk form: ``available`` (torch's count), at most one per value head. Each runs a
+    share of the heads with torch on one thread (`linattn.backends.cpu.grouped_prefill`): with torch's own threads
+    the form's few hundred operations per call each end at a barrier, and with another process busy on one of the
+    2 cores of the AMD EPYC, Mamba-2-2.7B's layer (T=4096) took 13 s at 2 threads against 0.52 s for the shares and
+    0.56 s for the token loop (benchmarks/results/ssd_prefill_busy_core_cpu.txt)."""
+    return max(1, min(available, heads))
+
+
 def grouped_chunk(T: int, group: int) -> bool:
     """Whether the grouped chunk form runs a qualifying CPU prefill of ``T`` tokens with ``group`` value heads per
     q/k head."""
