@@ -12,6 +12,10 @@ Rows:
   value heads of dim 64, state 128, over T and over the value heads per q/k head, the chunk form's time over the
   token loop's (below 1: the chunk form is faster).
 
+``auto`` splits the value heads over threads, one share per Python thread with torch on one thread; ``chunk C``
+calls ``chunk_grouped`` on torch's own threads. ``--busy-core`` keeps one core busy with a spinning process
+meanwhile, as on a machine shared with other work.
+
     PYTHONPATH=src python scripts/ssd_prefill_ab.py --lib /work/tmp/ggml2/build/src \\
         --out benchmarks/results/ssd_prefill_ab_cpu.txt
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,6 +161,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, nargs="*", default=[32, 64, 128])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip", choices=["layers", "sweep"], default=None)
+    parser.add_argument("--busy-core", action="store_true",
+                        help="keep one core busy with a spinning process meanwhile (a machine shared with other work)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
@@ -163,12 +170,20 @@ def main() -> None:
              f"{ggml_bench.processor()} ({ggml_bench.vector_isa()}), {os.cpu_count()} cores, torch "
              f"{torch.__version__}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}, "
              f"1-min load at start {os.getloadavg()[0]:.1f}; B=1, float32, medians of {args.repeats} interleaved runs"]
+    if args.busy_core:
+        lines.append("one core kept busy by a spinning process throughout")
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     start = time.perf_counter()
-    with torch.no_grad():
-        if args.skip != "layers":
-            layer_rows(args, args.lib, lines)
-        if args.skip != "sweep":
-            sweep_rows(args, lines)
+    try:
+        with torch.no_grad():
+            if args.skip != "layers":
+                layer_rows(args, args.lib, lines)
+            if args.skip != "sweep":
+                sweep_rows(args, lines)
+    finally:
+        if args.busy_core:
+            spinner.kill()
+            spinner.wait()
     lines.append(f"took {time.perf_counter() - start:.0f} s; 1-min load at the end {os.getloadavg()[0]:.1f}")
     text = "\n".join(lines) + "\n"
     if args.out:

@@ -72,8 +72,9 @@ def grouped_chunk_threads(available: int, heads: int) -> int:
     """Threads for the grouped chunk form: ``available`` (torch's count), at most one per value head. Each runs a
     share of the heads with torch on one thread (`linattn.backends.cpu.grouped_prefill`): with torch's own threads
     the form's few hundred operations per call each end at a barrier, and with another process busy on one of the
-    2 cores of the AMD EPYC, Mamba-2-2.7B's layer (T=4096) took 13 s at 2 threads against 0.52 s for the shares and
-    0.56 s for the token loop (benchmarks/results/ssd_prefill_busy_core_cpu.txt)."""
+    2 cores of the AMD EPYC (libgomp's default wait policy), at 2 threads and T=4096, Nemotron-H-8B's layer took
+    10.0 s that way against 0.56 s for the shares and 0.88 s for the token loop, Mamba-2-2.7B's 0.72 s against
+    0.22 s and 0.26 s (benchmarks/results/ssd_prefill_busy_core_cpu.txt, scripts/ssd_prefill_ab.py --busy-core)."""
     return max(1, min(available, heads))
 
 
