@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn import buffers
+from linattn.backends import cpu as cpu_backend
 from linattn.ops.gated import chunk_grouped
 from linattn.tools.harness.results import atomic_write
 
@@ -135,18 +136,20 @@ def layer_rows(args, lib, lines):
 def sweep_rows(args, lines):
     """Chunk form over token loop time, 128 value heads of dim 64, state 128: over T at 16 value heads per q/k head
     (Nemotron-H-8B's grouping), and over the grouping at T = 1024."""
-    lines.append("sweep: 128 value heads of dim 64, state 128; time of the chunk form (auto's chunk size) over the "
-                 "token loop's (below 1: the chunk form is faster), token loop ms in brackets")
+    lines.append("sweep: 128 value heads of dim 64, state 128; time of the chunk form as auto runs it (its chunk size, "
+                 "shares of heads on threads) over the token loop's (below 1: the chunk form is faster), token loop "
+                 "ms in brackets")
     grid = [(16, T) for T in (128, 256, 512, 1024, 2048)] + [(group, 1024) for group in (2, 4, 8, 32, 128)]
     for threads in args.threads:
         torch.set_num_threads(threads)
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         for group, T in grid:
             q, k, v, g = inputs(T, 128, 128 // group)
-            fns = calls(q, k, v, g, [linattn.backends.policy.GROUPED_CHUNK_SIZE])
-            fns.pop("auto")
+            S0 = torch.zeros(1, 128, 128, 64)
+            fns = {"token loop": calls(q, k, v, g, [])["token loop"],
+                   "chunk": lambda q=q, k=k, v=v, g=g, S0=S0: cpu_backend.grouped_prefill(q, k, v, g, S0, 1.0)}
             ms = medians_ms(fns, args.repeats)
-            chunk = next(t for n, t in ms.items() if n.startswith("chunk"))
+            chunk = ms["chunk"]
             loop = ms["token loop"]
             lines.append(f"  {threads}t  value heads per q/k head {group:3d}  T={T:5d}  {chunk / loop:5.2f}x"
                          f"  ({loop:7.2f} ms)  load {os.getloadavg()[0]:.1f}")
