@@ -50,6 +50,11 @@ if [[ -n "${GGML_LIB_DIR:-}" ]]; then
   OMP_WAIT_POLICY=PASSIVE python scripts/mamba2_decode_ggml_ab.py --lib "$GGML_LIB_DIR" --overwrite \
     --out "$R/mamba2_decode_ggml_ab_cpu.txt"
 fi
+# Mamba-2's scan as grouped matmuls against the token loop (and ggml's, when built); the policy's thresholds:
+OMP_WAIT_POLICY=PASSIVE python scripts/ssd_prefill_ab.py ${GGML_LIB_DIR:+--lib "$GGML_LIB_DIR"} --chunks 32 64 \
+  --repeats 9 --overwrite --out "$R/ssd_prefill_ab_cpu.txt"
+python scripts/ssd_prefill_ab.py ${GGML_LIB_DIR:+--lib "$GGML_LIB_DIR"} --chunks 32 --repeats 3 --skip sweep \
+  --threads 2 --busy-core --overwrite --out "$R/ssd_prefill_busy_core_cpu.txt"
 # MQAR: why the sweep's attention has a convolution and length 256 a mixture; Gated DeltaNet's decay at init.
 OMP_NUM_THREADS=1 python scripts/mqar_ablation.py --overwrite --output "$R/mqar_ablation_cpu.txt"
 # MQAR: the grid in stages (training takes 10-60 minutes; see the script), then the latency pass alone.

@@ -84,6 +84,25 @@ def test_mamba2_chunk_scan(T, with_state):
     assert y32.dtype == torch.float32 and rel(y32, y_ref) <= 1e-5 and rel(S32, S_ref) <= 1e-5
 
 
+def test_mamba2_chunk_scan_long_float32_runs_the_grouped_chunk_form(monkeypatch):
+    """Long enough, with enough heads per group, a float32 prefill runs the grouped chunk form (matmuls) on CPU."""
+    from linattn.backends import cpu as cpu_backend
+    from linattn.backends import policy
+
+    T = policy.GROUPED_CHUNK_MIN_TOKENS + 45
+    gen = torch.Generator().manual_seed(11)
+    inputs = ssm_inputs(T, gen, H=2 * policy.GROUPED_CHUNK_MIN_GROUP, G=2, P=5, N=7)
+    x, dt, A, Bm, Cm, D, dt_bias, S0 = (t.float() for t in inputs)
+    ran = []
+    real = cpu_backend.grouped_prefill
+    monkeypatch.setattr(cpu_backend, "grouped_prefill", lambda *a: ran.append(1) or real(*a))
+    y, S = lt.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, initial_states=S0, dt_softplus=True,
+                                return_final_states=True)
+    assert ran == [1] and y.dtype == torch.float32
+    y_ref, S_ref = ssm_loop(*inputs)
+    assert rel(y, y_ref) <= 1e-5 and rel(S, S_ref) <= 1e-5
+
+
 def test_mamba2_chunk_scan_gradients_match_the_loop():
     gen = torch.Generator().manual_seed(3)
     inputs = [t.requires_grad_() for t in ssm_inputs(11, gen)]

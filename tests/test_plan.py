@@ -31,6 +31,29 @@ def test_cpu_taken_and_the_call_runs_it(monkeypatch):
     assert ran == [1]
 
 
+def test_mamba_like_prefill_runs_the_grouped_chunk_form(monkeypatch):
+    """A long plain gated prefill with one gate per head and many value heads per q/k head (Mamba-2's scan): the CPU
+    backend's grouped matmuls, and the plan says so; a forced "cpu" keeps the numba token loop."""
+    from linattn.backends import GROUPED_CHUNK_WHY, policy
+
+    T, group = policy.GROUPED_CHUNK_MIN_TOKENS, policy.GROUPED_CHUNK_MIN_GROUP
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, T, 1, 8, generator=gen) for _ in range(2))
+    v = torch.randn(1, T, group, 4, generator=gen)
+    g = -torch.rand(1, T, group, generator=gen)
+    kw = dict(rule="gated", g=g, normalize=False, scale=1.0)
+    plan = linattn.plan(linattn.linear_attention, q, k, v, **kw)
+    assert (plan.runs, plan.grouped_chunk, str(plan)) == ("cpu", True, f"cpu: {GROUPED_CHUNK_WHY}")
+    forced = linattn.plan(linattn.linear_attention, q, k, v, backend="cpu", **kw)
+    assert (forced.runs, forced.grouped_chunk, forced.why) == ("cpu", False, "the numba kernels take the call")
+    ran = []
+    monkeypatch.setattr(cpu_backend, "prefill", lambda *a: pytest.fail("the token loop ran"))
+    real = cpu_backend.grouped_prefill
+    monkeypatch.setattr(cpu_backend, "grouped_prefill", lambda *a: ran.append(1) or real(*a))
+    linattn.linear_attention(q, k, v, **kw)
+    assert ran == [1]
+
+
 def test_step_plain_case_runs_the_one_call_kernel(calls):
     q, k, v, g = sequence(B=1)
     state = linattn.State.zeros(1, 3, 5, 5)

@@ -197,7 +197,8 @@ def plan(fn, /, *args, **kwargs) -> backends.Plan:
     if fn is linear_attention:
         call = prepare(q, k, v, g=g, beta=beta, **a)
         kw = dict(rule=call.rule, form=call.form, q=q, k=k, v=v, g=g, beta=beta, state=_state_like(call.N, call,
-                  q.device), grad=call.grad, chunk_size=call.chunk_size)
+                  q.device), grad=call.grad, chunk_size=call.chunk_size,
+                  plain=call.fmap is None and not call.normalize)
         plan = backends.plan_prefill(call.backend, cu_seqlens=call.cu_seqlens, **kw)
         if call.cu_seqlens is None or plan.kernel is not None:
             return plan

@@ -37,13 +37,16 @@ class Plan:
     module the plan runs (the Triton kernels, found once by the refusal check; for a decode step on ``"cpu"``, the
     one-call decode kernel). A step's plan is made before its arguments are checked, so it also keeps the
     ``backend`` asked for and, where a forced backend refuses whatever the tensors are, the ``error`` that running
-    the plan raises (after the checks, so a bad argument is named first)."""
+    the plan raises (after the checks, so a bad argument is named first). ``grouped_chunk``: a CPU prefill that
+    runs as grouped matrix products (`linattn.ops.gated.chunk_grouped`, Mamba-2's scan) rather than the token loop
+    (`linattn.backends.policy.grouped_chunk`)."""
 
     kernel: str | None
     why: str
     module: object = field(default=None, repr=False, compare=False)
     backend: str = "auto"
     error: str | None = None
+    grouped_chunk: bool = False
 
     @property
     def runs(self) -> str:
@@ -108,9 +111,10 @@ def _device_plan(backend: str, rule: str, tensors: tuple, state: torch.Tensor, g
 
 def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  g: torch.Tensor | None, beta: torch.Tensor | None, state: torch.Tensor, grad: bool,
-                 chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None, extra: dict | None = None) -> Plan:
-    """Which path runs a whole-sequence call (arguments as `linear_attention` takes them); a forced backend that
-    cannot take it raises a ``ValueError`` naming the reason."""
+                 chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None, extra: dict | None = None,
+                 plain: bool = False) -> Plan:
+    """Which path runs a whole-sequence call (arguments as `linear_attention` takes them; ``plain``: no feature
+    map and no normalizer); a forced backend that cannot take it raises a ``ValueError`` naming the reason."""
     if backend == "torch":
         return TORCH
     if cu_seqlens is not None and (backend == "triton" or q.is_cuda):
@@ -127,7 +131,16 @@ def plan_prefill(backend: str, *, rule: str, form: str, q: torch.Tensor, k: torc
         per_channel = g is not None and g.dim() == 4 and g.shape[-1] > 1
         if not policy.compiled_backward(rule, per_channel, B, T, v.shape[-2], cpu.available_threads()):
             auto_why = "the torch form's backward was measured faster for this rule and size"
-    return _cpu_plan(backend, refusal, auto_why, ("cpu_prefill", "cpu_backward") if grad else ("cpu_prefill",))
+    plan = _cpu_plan(backend, refusal, auto_why, ("cpu_prefill", "cpu_backward") if grad else ("cpu_prefill",))
+    if plan.kernel == "cpu" and backend == "auto" and not grad and cu_seqlens is None and form == "chunk":
+        why = cpu.grouped_chunk_refusal(rule, q, v, g, plain)
+        if why is None:
+            return Plan("cpu", GROUPED_CHUNK_WHY, backend=backend, grouped_chunk=True)
+    return plan
+
+
+GROUPED_CHUNK_WHY = ("one gate per head over groups of value heads sharing q/k, long enough: the grouped chunk form "
+                     "(one matrix product per group and chunk) was measured faster than the numba token loop")
 
 
 def linear_attention(
@@ -147,11 +160,14 @@ def linear_attention(
     state(s) in the augmented layout.
     """
     plan = plan_prefill(backend, rule=rule, form=form, q=q, k=k, v=v, g=g, beta=beta, state=state, grad=grad,
-                        chunk_size=chunk_size, cu_seqlens=cu_seqlens, extra=extra)
+                        chunk_size=chunk_size, cu_seqlens=cu_seqlens, extra=extra,
+                        plain=fmap is None and not normalize)
     if plan.kernel == "triton":
         return plan.module.linear_attention(rule=rule, q=q, k=k, v=v, g=g, beta=beta, state=state, fmap=fmap,
                                             scale=scale, normalize=normalize, eps=eps, eps_mode=eps_mode,
                                             chunk_size=chunk_size)
+    if plan.grouped_chunk:
+        return cpu.grouped_prefill(q, k, v, g, state, scale)
     if plan.kernel == "cpu":
         return cpu.prefill(q, k, v, g, beta, state, fmap, scale, normalize, eps, eps_mode, grad, cu_seqlens)
     return None

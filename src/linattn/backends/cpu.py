@@ -17,6 +17,7 @@ import importlib
 import os
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -370,6 +371,72 @@ def torch_prefill(q, k, v, g, beta, S0, cu, scale):
         finals.append(S[0].to(S0.dtype))
     o = torch.cat(outs) if outs else v.new_zeros(v.shape)
     return o, torch.stack(finals)
+
+
+def grouped_chunk_refusal(rule: str, q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                          plain: bool) -> str | None:
+    """Why "auto" keeps the token loop for a CPU prefill the kernels take (no grad, no packing, form "chunk"),
+    rather than the grouped chunk form (`grouped_prefill`), or None when the policy's rule picks the chunk form."""
+    if rule != "gated" or g is None or g.dim() != 3:
+        return "only the gated rule with one gate per head runs as grouped matmuls"
+    if not plain:
+        return "a feature map or a normalizer runs in the token loop"
+    B, T, Hq, _ = q.shape
+    if not policy.grouped_chunk(T, v.shape[-2] // Hq):
+        return "too few tokens or value heads per q/k head for the grouped matmuls to win"
+    return None
+
+
+def grouped_prefill(q, k, v, g, state, scale):
+    """The grouped chunk form (`linattn.ops.gated.chunk_grouped`) in float32, outside autograd: ``q, k [B, T, Hq,
+    N]``, ``v [B, T, H, P]``, ``g [B, T, H]``, ``state [B, H, N, P]`` (float32, not written). Returns ``o [B, T, H,
+    P]`` in ``v.dtype`` and the final state ``[B, H, N, P]``, as `prefill` does.
+
+    On more than one thread (`policy.grouped_chunk_threads`) the value heads are split into one share per thread,
+    each run on its own Python thread with torch on one thread (torch's count is set to 1 for the call and then
+    restored, so other torch work in the process meanwhile runs on one thread): the call then waits once, at its
+    end, where torch's own threads would meet at a barrier in each of its hundreds of small operations.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q, k, v32, g = [x.detach().to(torch.float32) for x in (q, k, v, g)]  # (no copy when float32 already)
+    state = state.detach()
+    out = buffers.empty(tuple(v.shape))  # advised onto huge pages: no 4 KiB page faults as it is written
+    B, _, G, N = q.shape
+    H, P = v.shape[-2:]
+    torch_threads = torch.get_num_threads()
+    threads = policy.grouped_chunk_threads(torch_threads, H)
+    if threads == 1:
+        _, S = ops_gated.chunk_grouped(q, k, v32, g, initial_state=state, chunk_size=policy.GROUPED_CHUNK_SIZE,
+                                       scale=scale, out=out)
+    else:
+        S = torch.empty(B, H, N, P)
+
+        def share(heads: tuple[int, int]) -> None:
+            h0, h1 = heads
+            g0, g1 = h0 * G // H, (h1 * G - 1) // H + 1  # the q/k groups those heads read
+            S[:, h0:h1] = ops_gated.chunk_grouped(
+                q[:, :, g0:g1], k[:, :, g0:g1], v32[:, :, h0:h1], g[:, :, h0:h1], initial_state=state[:, h0:h1],
+                chunk_size=policy.GROUPED_CHUNK_SIZE, scale=scale, out=out[:, :, h0:h1])[1]
+
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(share, head_shares(G, H // G, threads)))
+        finally:
+            torch.set_num_threads(torch_threads)
+    o = out if v.dtype == torch.float32 else buffers.empty(tuple(out.shape), v.dtype).copy_(out)
+    return o, S.contiguous()
+
+
+def head_shares(G: int, Hg: int, n: int) -> list[tuple[int, int]]:
+    """The value heads ``[h0, h1)`` of ``n`` shares about equal, none across two q/k groups (each of G groups has
+    Hg heads): whole groups when there are at least ``n``, else each group cut into parts."""
+    if G >= n:
+        cuts = [G * j // n * Hg for j in range(n + 1)]
+    else:
+        parts = -(-n // G)
+        cuts = sorted({grp * Hg + Hg * j // parts for grp in range(G) for j in range(parts)} | {G * Hg})
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
 def step(rule, q, k, v, g, beta, state, normalize, eps, eps_mode, inplace, backend):

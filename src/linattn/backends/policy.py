@@ -54,6 +54,37 @@ def conv_threads(T: int, available: int) -> int:
     return max(1, min(available, T // CONV_SPLIT_MIN_TOKENS))
 
 
+# A CPU prefill under "auto" of the gated rule with one gate per head, no feature map or normalizer, no autograd
+# and no packing (Mamba-2's scan; packed sequences keep the token loop) runs as the grouped chunk form, one matrix
+# product per group of value heads sharing q/k and chunk (`linattn.ops.gated.chunk_grouped`), from this many tokens
+# and value heads per q/k head; otherwise the token loop. On the 2-core AMD EPYC with AVX-512, shared with other
+# work (load average 1.9-2.4; benchmarks/results/ssd_prefill_ab_cpu.txt, scripts/ssd_prefill_ab.py), at T=4096 the
+# call took 0.91x the token loop's time at Mamba-2-2.7B's layer (80 value heads per q/k head) and 0.61x at
+# Nemotron-H-8B's (16) at 1 thread, 1.04x and 0.73x at 2 (where the load slowed every row at Mamba-2-2.7B's
+# layer); chunks of 32 tokens ran in 0.93x / 0.60x at 1 thread against 1.00x / 0.67x for chunks of 64. At 16 value
+# heads per q/k head and T <= 2048 it took 0.94-1.02x at 1 thread and 1.00-1.35x at 2; at T=1024 with 2-8 value
+# heads per q/k head 1.07-1.69x.
+GROUPED_CHUNK_MIN_TOKENS = 2048
+GROUPED_CHUNK_MIN_GROUP = 16
+GROUPED_CHUNK_SIZE = 32
+
+
+def grouped_chunk_threads(available: int, heads: int) -> int:
+    """Threads for the grouped chunk form: ``available`` (torch's count), at most one per value head. Each runs a
+    share of the heads with torch on one thread (`linattn.backends.cpu.grouped_prefill`): with torch's own threads
+    the form's few hundred operations per call each end at a barrier, and with another process busy on one of the
+    2 cores of the AMD EPYC (libgomp's default wait policy), at 2 threads and T=4096, Nemotron-H-8B's layer took
+    10.0 s that way against 0.56 s for the shares and 0.88 s for the token loop, Mamba-2-2.7B's 0.72 s against
+    0.22 s and 0.26 s (benchmarks/results/ssd_prefill_busy_core_cpu.txt, scripts/ssd_prefill_ab.py --busy-core)."""
+    return max(1, min(available, heads))
+
+
+def grouped_chunk(T: int, group: int) -> bool:
+    """Whether the grouped chunk form runs a qualifying CPU prefill of ``T`` tokens with ``group`` value heads per
+    q/k head."""
+    return T >= GROUPED_CHUNK_MIN_TOKENS and group >= GROUPED_CHUNK_MIN_GROUP
+
+
 # The Triton kernels run only when asked for (backend="triton") until a GPU run has measured them.
 TRITON_UNDER_AUTO = False
 

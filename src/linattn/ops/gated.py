@@ -6,6 +6,9 @@ work skipped. Gates stay in log space; inside a chunk only differences G_i - G_j
 are exponentiated, so nothing overflows however small the gates (see docs/mechanism.md §2). The sums are formed by
 ``common.log_cumsum``, which floors each gate first: g = -inf is then an exact reset (the state before it is
 forgotten) in every form, and huge finite gates (-1e30) leave the later small differences intact.
+
+`chunk_grouped` is the chunk form for one gate per head with q/k shared by groups of value heads (Mamba-2's scan),
+in the public layout, each group's heads in one matrix product: what the CPU backend runs for such prefills.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from linattn.ops.common import (
+    SAFE_LOG_DECAY,
     ChunkCarry,
     exp_in,
     gate_factors,
@@ -196,6 +200,94 @@ def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64, scale=1.0
     # o = scale * (Q_in S_before + A V): the second product accumulates in place into the first.
     o = torch.bmm(q_in, S_before.view(-1, Dk, Dv)).baddbmm_(A, v2, beta=scale, alpha=scale)
     return o.view(B, H, n * C, Dv)[:, :, :T], S_final.view(B, H, Dk, Dv)
+
+
+# ---------------------------------------------------------------------------------------------- chunk_grouped
+def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=None):
+    """The chunk form for one gate per head and q/k heads shared by groups of value heads (Mamba-2's SSD), in the
+    public layout, with the products of a group as single matrix products over all its value heads.
+
+    Shapes: ``q, k [B, T, G, N]`` (G q/k groups), ``v [B, T, H, P]`` (H value heads, H a multiple of G; head h reads
+    group ``h // (H // G)``), ``g [B, T, H]`` log-gates, ``initial_state [B, H, N, P]`` (not written); q, k, v and
+    the state in one dtype, no autograd. ``out``: an optional contiguous ``[B, T, H, P]`` tensor the output is
+    written into. Returns ``o [B, T, H, P]`` and the final state ``[B, H, N, P]``: the recurrence of `recurrent`,
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t.
+
+    Per chunk of C tokens and per group, the Hg = H / G heads of the group lie side by side in a state
+    ``[N, Hg*P]``, so that each product below is one matrix product per group. With Gc the cumulative log-gate
+    inside the chunk (per head), G_L its last value and m = G_L / 2 (the middle of the chunk's decay):
+
+    * o_i = scale * exp(Gc_i - m) * (q_i S~ + sum_{j <= i} (q_i . k_j) exp(m - Gc_j) v_j), with S~ = exp(m) S the
+      state kept scaled: [C, N] x [N, Hg*P] plus tril(Q K^T) [C, C] x [C, Hg*P], accumulated in one buffer. The
+      factors exp(Gc_i - m) exp(m - Gc_j) = exp(Gc_i - Gc_j) stay within exp(+-SAFE_LOG_DECAY) when G_L >=
+      -2 SAFE_LOG_DECAY;
+    * the next chunk's scaled state: S~' = exp(m' + G_L / 2) (S~ + K^T (exp(m - Gc) * V)), m' the next chunk's
+      middle (0 after the last chunk): [N, C] x [C, Hg*P], then one scaling pass, the only pass over the state.
+
+    A head whose chunk decays further (a reset, strong gates) takes m = 0 in that chunk: its q_i S~ term is kept,
+    its factored terms are zeroed, and its intra-chunk sum and state write are added exactly, from its masked
+    decay matrix exp(Gc_i - Gc_j), j <= i (float64 differences). Nothing is exponentiated beyond exp(+-60);
+    gates pass through `log_cumsum` (-inf is an exact reset).
+    """
+    B, T, G, N = q.shape
+    H, P = v.shape[-2:]
+    Hg, dt = H // G, initial_state.dtype
+    if T == 0:
+        return (torch.empty(B, 0, H, P, dtype=dt, device=v.device) if out is None else out), initial_state.clone()
+    C = min(chunk_size, T)
+    n = -(-T // C)
+    # Chunk-local cumulative gates [B, n, C, H] in float64 (padded gates are 0: the last chunk's G_L is its own).
+    Gc = log_cumsum(torch.nn.functional.pad(g, (0, 0, 0, n * C - T)).view(B, n, C, H), dim=2)
+    G_L = Gc[:, :, -1:]  # [B, n, 1, H]
+    factored = G_L >= -2 * SAFE_LOG_DECAY
+    exact_any = (~factored).any(dim=-1)[:, :, 0].tolist()  # [B][n]: the one sync
+    m = torch.where(factored, G_L / 2, 0.0)
+    m_next = torch.nn.functional.pad(m[:, 1:], (0, 0, 0, 0, 0, 1))  # 0 after the last chunk: S~ is S there
+    e_pos = exp_in(Gc - m, dt).mul_(scale)  # (the scale rides on the output's factor)
+    e_neg = exp_in((m - Gc).clamp_(max=SAFE_LOG_DECAY), dt).mul_(factored)  # exact heads: 0
+    to_next = exp_in(m_next + G_L - m, dt)  # [B, n, 1, H], at most 1
+    # Where that factor of a factored head would be subnormal (its exponent from -120 to -87 in float32: few bits
+    # left), the pass is split in two factors, exp(G_L - m) and exp(m'), both at least exp(-SAFE_LOG_DECAY).
+    split = ((m_next + G_L / 2 < -1.25 * SAFE_LOG_DECAY) & factored).any(dim=-1)[:, :, 0].tolist()
+    halves = exp_in(G_L - m, dt), exp_in(m_next, dt)
+    S = torch.empty(B, G, N, Hg * P, dtype=dt, device=v.device)  # ours: the caller's state is never written
+    S.view(B, G, N, Hg, P).copy_(initial_state.unflatten(1, (G, Hg)).transpose(2, 3))
+    S.view(B, G, N, Hg, P).mul_(exp_in(m[:, 0, 0], dt).view(B, G, 1, Hg, 1))  # S~ of the first chunk
+    o = torch.empty(B, T, H, P, dtype=dt, device=v.device) if out is None else out
+    bufs: dict[int, tuple] = {}  # per chunk length: reused buffers (fresh large tensors fault in their pages)
+    for b in range(B):
+        for c in range(n):
+            t0 = c * C
+            L = min(C, T - t0)
+            if L not in bufs:
+                bufs[L] = (*(torch.empty(G, L, Hg * P, dtype=dt, device=v.device) for _ in range(2)),
+                           torch.empty(G, N, L, dtype=dt, device=v.device))
+            Y, Vn, kTc = bufs[L]
+            qc, kc = q[b, t0:t0 + L].transpose(0, 1), k[b, t0:t0 + L].transpose(0, 1)  # [G, L, N]
+            vc = v[b, t0:t0 + L]  # [L, H, P]
+
+            def per_head(x, b=b, c=c, L=L):  # [B, n, C, H] -> [G, L, Hg, 1]: a factor on each head's columns
+                return x[b, c, :L].view(L, G, Hg, 1).transpose(0, 1)
+
+            Sb, Y4, o4 = S[b], Y.view(G, L, Hg, P), o[b, t0:t0 + L].view(L, G, Hg, P).transpose(0, 1)
+            torch.mul(vc.reshape(L, G, Hg, P).transpose(0, 1), per_head(e_neg), out=Vn.view(G, L, Hg, P))
+            CB = torch.bmm(qc, kc.transpose(1, 2)).tril_()  # [G, L, L] q_i . k_j, j <= i: shared by the group
+            torch.bmm(qc, Sb, out=Y).baddbmm_(CB, Vn)
+            torch.mul(Y4, per_head(e_pos), out=o4)
+            kTc.copy_(kc.transpose(1, 2))  # K^T with unit stride along tokens: a faster product than the view
+            S4 = Sb.baddbmm_(kTc, Vn).view(G, N, Hg, P)
+            for factor in (halves if split[b][c] else (to_next,)):
+                S4.mul_(factor[b, c].view(G, 1, Hg, 1))
+            if exact_any[b][c]:  # the exact heads' intra-chunk sums and state writes, added where they lie
+                heads = (~factored[b, c, 0]).nonzero()[:, 0]
+                group, within = heads // Hg, heads % Hg
+                Gh = Gc[b, c, :L, heads].T  # [u, L] float64
+                vh = vc[:, heads].transpose(0, 1)  # [u, L, P]
+                decays = masked_exp_diff(Gh, dt).mul_(scale).mul_(CB[group])  # [u, L, L]
+                o[b, t0:t0 + L, heads] += torch.bmm(decays, vh).transpose(0, 1)
+                tail = exp_in(m_next[b, c, 0, heads, None] + Gh[:, -1:] - Gh, dt)  # [u, L]: exp(m' + G_L - Gc_j)
+                S.view(B, G, N, Hg, P)[b, group, :, within] += torch.bmm(kTc[group], vh * tail[..., None])
+    return o, S.view(B, G, N, Hg, P).transpose(2, 3).reshape(B, H, N, P)
 
 
 FORMS = {"recurrent": recurrent, "chunk": chunk, "parallel": parallel, "scan": scan}
