@@ -17,7 +17,6 @@ import importlib
 import os
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -393,9 +392,10 @@ def grouped_prefill(q, k, v, g, state, scale):
     P]`` in ``v.dtype`` and the final state ``[B, H, N, P]``, as `prefill` does.
 
     On more than one thread (`policy.grouped_chunk_threads`) the value heads are split into one share per thread,
-    each run on its own Python thread with torch on one thread (torch's count is set to 1 for the call and then
-    restored, so other torch work in the process meanwhile runs on one thread): the call then waits once, at its
-    end, where torch's own threads would meet at a barrier in each of its hundreds of small operations.
+    each run on the kernels' pool of Python threads with torch on one thread (torch's count is set to 1 for the
+    call and then restored, so other torch work in the process meanwhile runs on one thread): the call then waits
+    once, at its end, where torch's own threads would meet at a barrier in each of its hundreds of small
+    operations.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v32, g = [x.detach().to(torch.float32) for x in (q, k, v, g)]  # (no copy when float32 already)
@@ -418,10 +418,11 @@ def grouped_prefill(q, k, v, g, state, scale):
                 q[:, :, g0:g1], k[:, :, g0:g1], v32[:, :, h0:h1], g[:, :, h0:h1], initial_state=state[:, h0:h1],
                 chunk_size=policy.GROUPED_CHUNK_SIZE, scale=scale, out=out[:, :, h0:h1])[1]
 
-        torch.set_num_threads(1)
+        shares = head_shares(G, H // G, threads)
+        torch.set_num_threads(1)  # (a pool thread takes torch's count at its first torch operation: 1 from here)
         try:
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(share, head_shares(G, H // G, threads)))
+            kernel("cpu_threads").on_threads(lambda lo, hi: [share(s) for s in shares[lo:hi]], len(shares),
+                                             len(shares))
         finally:
             torch.set_num_threads(torch_threads)
     o = out if v.dtype == torch.float32 else buffers.empty(tuple(out.shape), v.dtype).copy_(out)
