@@ -57,14 +57,14 @@ def conv_threads(T: int, available: int) -> int:
 # A CPU prefill under "auto" of the gated rule with one gate per head, no feature map or normalizer, no autograd
 # and no packing (Mamba-2's scan; packed sequences keep the token loop) runs as the grouped chunk form, one matrix
 # product per group of value heads sharing q/k and chunk (`linattn.ops.gated.chunk_grouped`), from this many tokens
-# and value heads per q/k head; otherwise the token loop. On the 2-core AMD EPYC with AVX-512, shared with other
-# work (load average 1.9-2.4; benchmarks/results/ssd_prefill_ab_cpu.txt, scripts/ssd_prefill_ab.py), at T=4096 the
-# call took 0.91x the token loop's time at Mamba-2-2.7B's layer (80 value heads per q/k head) and 0.61x at
-# Nemotron-H-8B's (16) at 1 thread, 1.04x and 0.73x at 2 (where the load slowed every row at Mamba-2-2.7B's
-# layer); chunks of 32 tokens ran in 0.93x / 0.60x at 1 thread against 1.00x / 0.67x for chunks of 64. At 16 value
-# heads per q/k head and T <= 2048 it took 0.94-1.02x at 1 thread and 1.00-1.35x at 2; at T=1024 with 2-8 value
-# heads per q/k head 1.07-1.69x.
-GROUPED_CHUNK_MIN_TOKENS = 2048
+# and value heads per q/k head; otherwise the token loop. On the 2-core AMD EPYC with AVX-512, quiet (load average
+# 0.6-1.4; benchmarks/results/ssd_prefill_ab_cpu.txt, scripts/ssd_prefill_ab.py), at T=4096 the call took 0.99x
+# the token loop's time at Mamba-2-2.7B's layer (80 value heads per q/k head) and 0.56x at Nemotron-H-8B's (16) at
+# 1 thread, 0.94x and 0.87x at 2; chunks of 32 tokens ran in 0.88x / 0.57x at 1 thread against 0.99x / 0.64x for
+# chunks of 64. At 16 value heads per q/k head and T = 128-2048 it took 1.05-1.20x at 1 thread and 0.96-1.14x at
+# 2, and at T=1024 with 2-128 value heads per q/k head 1.11-1.79x: hence 4096 tokens (an earlier run under load
+# had favoured it from 2048).
+GROUPED_CHUNK_MIN_TOKENS = 4096
 GROUPED_CHUNK_MIN_GROUP = 16
 GROUPED_CHUNK_SIZE = 32
 
