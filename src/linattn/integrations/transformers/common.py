@@ -1,10 +1,14 @@
 """What every adapter shares: whether a call runs on linattn or goes to the function HF chose, packed-sequence
-boundaries from the names HF passes them by, and the decoder kept per state tensor of HF's cache."""
+boundaries from the names HF passes them by, the decoder kept per state tensor of HF's cache, and the kernel module
+a one-call decode step uses."""
 
 from __future__ import annotations
 
 import torch
 
+from linattn import backends
+from linattn.backends import cpu as cpu_backend
+from linattn.backends import policy
 from linattn.checks import check_cu_seqlens
 from linattn.decode import decoder_for
 
@@ -56,3 +60,17 @@ def decoder(key: torch.Tensor, S: torch.Tensor, inputs, rule: str, feature_map, 
                            backend=backend)
     except ValueError:  # memory or inference tensors an in-place step refuses: the functional path
         return None
+
+
+def step_kernel(slot: list, name: str, backend: str):
+    """The compiled kernel module ``name`` (``cpu_decode``, ``cpu_ssm``) an adapter's one-call decode step runs,
+    loaded once into ``slot`` (the adapter's own list), or None when this call must take the checked path: the
+    step's plan is not the compiled CPU step (numba missing, the policy's forms, a torch.func transform)."""
+    if not slot:
+        if backends.plan_step(backend).kernel != "cpu":
+            return None
+        slot.append(cpu_backend.kernel(name))
+    kd = slot[0]
+    if kd is None or (backend == "auto" and "step" not in policy.AUTO_FORMS) or backends.functorch_active():
+        return None
+    return kd

@@ -10,10 +10,8 @@ import torch
 from torch.autograd.graph import increment_version
 
 import linattn
-from linattn import backends
-from linattn.backends import cpu as cpu_backend
 from linattn.backends import policy
-from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
+from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries, step_kernel
 from linattn.state import State
 
 _Tensor, _F32, _BF16, _CONTIGUOUS = torch.Tensor, torch.float32, torch.bfloat16, torch.contiguous_format
@@ -131,12 +129,8 @@ def _fast_step(query, key, value, g, beta, S, l2, scale, backend, kwargs) -> tor
     in query's dtype after updating ``S`` in place. A decode step at batch 1 is a few hundred microseconds with
     a cold cache, where each Python line costs about a microsecond: hence one straight function, the same
     kernel call `linattn.decode.fast_decode` makes, no torch op but the output's allocation."""
-    if not _KERNEL:
-        if backends.plan_step(backend).kernel != "cpu":  # numba, the policy's forms or a transform say no
-            return None
-        _KERNEL.append(cpu_backend.kernel("cpu_decode"))
-    kd = _KERNEL[0]
-    if kd is None or (backend == "auto" and "step" not in policy.AUTO_FORMS) or backends.functorch_active():
+    kd = step_kernel(_KERNEL, "cpu_decode", backend)
+    if kd is None:
         return None
     if kwargs and any(kwargs.get(name) is not None for name in _PACKED):
         return None

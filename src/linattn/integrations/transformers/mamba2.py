@@ -30,9 +30,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 import linattn
 from linattn import backends, buffers
-from linattn.backends import cpu as cpu_backend
 from linattn.backends import policy
-from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries
+from linattn.integrations.transformers.common import decoder, on_linattn, packed_boundaries, step_kernel
 from linattn.state import State
 
 
@@ -251,12 +250,8 @@ def _fast_step(state, x, dt, A, B, C, D, dt_bias, dt_softplus, z, backend):
     None, a float32 state ``[B, H, P, N]`` whose heads are contiguous ``[P, N]`` or ``[N, P]`` blocks, writable in
     place. A decode step at batch 1 is a few hundred microseconds with a cold cache, and there each Python line
     costs about a microsecond: hence one straight function, no torch op but the output's allocation."""
-    if not _KERNEL:
-        if backends.plan_step(backend).kernel != "cpu":  # numba, the policy's forms or a transform say no
-            return None
-        _KERNEL.append(cpu_backend.kernel("cpu_ssm"))
-    kd = _KERNEL[0]
-    if kd is None or (backend == "auto" and "step" not in policy.AUTO_FORMS) or backends.functorch_active():
+    kd = step_kernel(_KERNEL, "cpu_ssm", backend)
+    if kd is None:
         return None
     if not (type(x) is _Tensor and type(dt) is _Tensor and type(A) is _Tensor and type(B) is _Tensor
             and type(C) is _Tensor and type(state) is _Tensor and state.dtype is _F32):
