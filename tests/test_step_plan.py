@@ -75,9 +75,16 @@ def test_nn_and_transformers_decode_plan_once_per_kept_decoder(asked):
     q, k, v = (torch.randn(1, 1, 2, 8, generator=gen) for _ in range(3))
     g, beta = F.logsigmoid(torch.randn(1, 1, 2, generator=gen)), torch.rand(1, 1, 2, generator=gen)
     S = torch.zeros(1, 2, 8, 8)
+    # HF's step makes its one kernel call itself: it plans once per process, when it loads the kernel (in an earlier
+    # test or here), and never per step
+    before = asked["plan_step"]
     for _ in range(3):
         recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True)
-    assert asked["plan_step"] == 2
+    assert asked["plan_step"] - before <= 1
+    before = asked["plan_step"]
+    for _ in range(3):
+        recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=S, output_final_state=True)
+    assert asked["plan_step"] == before
 
 
 def test_a_forced_backend_refused_by_the_plan_names_bad_arguments_first():
