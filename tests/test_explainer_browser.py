@@ -847,3 +847,25 @@ def test_capacity_lab_strips_and_curve(browser, page_url):
     assert not r["wide"] and not r["small"]
     assert pg.evaluate("document.querySelectorAll('#cap-curve [data-legend]').length") == 4
     _close(pg, page_url)
+
+
+def test_a_cell_no_token_writes_does_not_flash(page, page_url):
+    """phi(k) = [1, 0] writes nothing into S's and z's second entries: those cells neither change nor flash as if a
+    contribution had landed (a learner would read the flash as a write); the first entries flash when theirs lands."""
+    page.goto(page_url)
+    _go_scene(page, "tokens", 0)
+    _settle(page)
+    _go_scene(page, "tokens", 1)  # token 1: phi(k) = [1, 0], v = 2
+    flashing = ("key => document.getAnimations().filter(a => a.effect.target === "
+                "document.getElementById('tokens-cell-' + key).previousSibling).length")
+    assert page.evaluate("document.getElementById('tokens-cell-S1').previousSibling.tagName") == "rect"
+    samples = page.evaluate(f"""async () => {{
+        const out = [];
+        for (let i = 0; i < 40; i++) {{
+          out.push([({flashing})('S1'), ({flashing})('z1'), ({flashing})('S0')]);
+          await new Promise(r => setTimeout(r, 50));
+        }}
+        return out;
+    }}""")
+    assert all(s1 == 0 and z1 == 0 for s1, z1, _ in samples), samples
+    assert any(s0 for _, _, s0 in samples), samples  # the written cell does flash when its contribution lands

@@ -215,11 +215,11 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
       // A cell keeps its old number until the token's contribution reaches it.
       const value = { S0: [S[0][0], S0[0][0]], S1: [S[1][0], S0[1][0]], z0: [z[0], z0[0]], z1: [z[1], z0[1]] };
       Object.entries(value).forEach(([key, [x, before]]) => { cells[key].t.textContent = fmt(writing ? before : x); });
-      const landAt = (key) => () => {
+      const landAt = (key, flash = true) => () => {
         if (my !== gen) return;
         if (--pending === 0) spell();
         cells[key].t.textContent = fmt(value[key][0]);
-        anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 500 });
+        if (flash) anim(cells[key].r, [{ fill: key[0] === "S" ? C.S : C.z }, {}], { duration: 500 });
       };
       const sb = "₀₁₂₃"[t], now = "S = " + vec(S.map((r) => r[0])) + ", z = " + vec(z);
       const write = sub >= 1 && sub <= 3 ? "+ φ(k" + sb + ")v" + sb + "ᵀ = " + vec(d.keys[t - 1].map((x) => x * d.values[t - 1])) + ",  + φ(k" + sb + ") = " + vec(d.keys[t - 1]) : "";
@@ -254,7 +254,7 @@ scene({ id: "tokens", title: T("Each token updates two accumulators", "每来一
               if (a) a.effect.target.dataset.to = key;  // which cell this contribution is for
             });
           }
-          else { landAt("S" + i)(); landAt("z" + i)(); }
+          else { landAt("S" + i, false)(); landAt("z" + i, false)(); }  // φ(k)ᵢ = 0: nothing travels, nothing lands
         });
       }
     };
