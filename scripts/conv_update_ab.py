@@ -26,21 +26,11 @@ from pathlib import Path
 import torch
 
 from linattn.integrations import transformers as lt
+from linattn.tools.harness.machine import processor_name as processor
 from linattn.tools.harness.results import atomic_write
 
 GEOMETRIES = [("Mamba-2-2.7B", 5376, True), ("Qwen3.5 GDN q,k,v", 2 * 16 * 128 + 32 * 128, False)]
 K = 4
-
-
-def processor() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown processor"
 
 
 def base_adapter(commit: str):

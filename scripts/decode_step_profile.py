@@ -31,20 +31,10 @@ from linattn import decode as lindecode
 from linattn.integrations import transformers as lt
 from linattn.kernels import cpu_decode
 from linattn.state import State
+from linattn.tools.harness.machine import processor_name as processor
 from linattn.tools.harness.results import atomic_write
 
 TOKENS = 64
-
-
-def processor() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown processor"
 
 
 def hf_fn(model_type: str, name: str):

@@ -28,18 +28,8 @@ import torch.nn.functional as F
 
 from linattn.integrations import transformers as lt
 from linattn.kernels import cpu_decode
+from linattn.tools.harness.machine import processor_name as processor
 from linattn.tools.harness.results import atomic_write
-
-
-def processor() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown processor"
 
 
 def hf_fn(model_type: str, name: str):

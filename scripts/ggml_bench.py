@@ -81,6 +81,7 @@ import torch.nn.functional as F
 
 import linattn
 from linattn.integrations import transformers as lt
+from linattn.tools.harness.machine import processor_name as processor
 from linattn.tools.harness.results import atomic_write, atomic_write_json
 
 F32, I32 = 0, 26  # enum ggml_type
@@ -322,16 +323,6 @@ def gated_delta_cases(g, cpu, T: int, runs: int, H: int = 16, HV: int = 32, D: i
         dict(family=family, what="decode step", ggml=gd.compute, setup=None, linattn=step_core, adapter=None,
              check=check_step),
     ]
-
-
-def processor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def vector_isa() -> str:

@@ -34,7 +34,6 @@ import argparse
 import inspect
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -45,17 +44,8 @@ import torch.nn.functional as F
 import transformers
 
 from linattn.integrations import transformers as lt
+from linattn.tools.harness.machine import processor_name as processor
 from linattn.tools.harness.results import atomic_write, atomic_write_json
-
-
-def processor() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def paired_medians_ms(fns, repeats: int) -> list[float]:
