@@ -175,21 +175,20 @@ def _spawn(cfg: SpConfig) -> list[list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         port = _free_port()
         procs = [ctx.Process(target=_worker, args=(r, cfg.ranks, port, cfg, tmp)) for r in range(cfg.ranks)]
-        # The ranks start with SIGINT blocked (a blocked signal stays blocked across the spawn's exec and is never
-        # delivered there): a Ctrl-C reaches the whole process group, and only this process answers it, by stopping
-        # the ranks before their directory goes; click prints one "Aborted!". Blocked, not ignored, here too: a
-        # Ctrl-C while the ranks start stays pending and is answered once they have started, not lost.
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # The ranks start with SIGINT ignored (an ignored signal stays ignored across the spawn's exec, and Python
+        # then installs no KeyboardInterrupt): a Ctrl-C reaches the whole process group, and only this process
+        # answers it, by stopping the ranks before their directory goes; click prints one "Aborted!".
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            try:
-                for p in procs:
-                    p.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            for p in procs:
+                p.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
             for p in procs:
                 p.join(1800)
         except BaseException:  # KeyboardInterrupt, to the group or to this process alone
-            _stop([p for p in procs if p.pid is not None])  # (the started ones)
+            _stop(procs)
             raise
         failed = [r for r, p in enumerate(procs) if p.exitcode != 0]
         for p in procs:
