@@ -80,6 +80,22 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+def _session(sid: int) -> str:
+    """One line per process of session ``sid``: pid, parent, state, kernel wait channel, command line."""
+    lines = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid:  # the session id
+                continue
+            d = stat.parent
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+            lines.append(f"{d.name} ppid {fields[1]} state {fields[0]} wchan {(d / 'wchan').read_text()} {cmd}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return "\n".join(lines) or "(none)"
+
+
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
@@ -97,7 +113,12 @@ def test_ctrl_c_prints_one_line_stops_the_ranks_and_writes_nothing(to, tmp_path)
     out = tmp_path / "sp.json"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     args = ["sp-bench", "--ranks", "2", "--lengths", "65536", "--rules", "delta", "-o", str(out)]
-    proc = subprocess.Popen([sys.executable, "-m", "linattn.tools.cli", *args], stdout=subprocess.PIPE,
+    # A terminal's Ctrl-C meets a program whose SIGINT is at its default. A test run started as a background job
+    # (`(pytest &)`, nohup) passes SIGINT on ignored, and Python then raises no KeyboardInterrupt: sp-bench would
+    # rightly run on. So the child is started with the default, as from a terminal.
+    terminal = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                "runpy.run_module('linattn.tools.cli', run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", terminal, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -107,7 +128,13 @@ def test_ctrl_c_prints_one_line_stops_the_ranks_and_writes_nothing(to, tmp_path)
         assert len(kids) >= 2, "the ranks did not start"
         time.sleep(2.0)  # the ranks are importing torch or already measuring
         (os.killpg if to == "group" else os.kill)(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # say which process kept it alive, and what sp-bench had printed
+            seen = _session(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+            pytest.fail(f"sp-bench still running 30 s after SIGINT; its processes:\n{seen}\nstderr:\n{err}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
