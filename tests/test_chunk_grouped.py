@@ -75,6 +75,24 @@ def test_matches_the_float64_reference(B, T, G, Hg, N, P, C, kind, init):
     assert torch.equal(S0, before)  # the caller's state is not written
 
 
+@pytest.mark.parametrize("B,T,G,Hg,N,P,C", [(2, 65, 3, 1, 5, 3, 64), (1, 77, 2, 8, 5, 7, 16)])
+@pytest.mark.parametrize("kind", ["mild", "strong", "reset"])
+@pytest.mark.parametrize("skip_shape", [None, "head", "head_dim"])
+def test_value_scale_and_skip_match_the_float64_reference(B, T, G, Hg, N, P, C, kind, skip_shape):
+    """Mamba-2's dt on the values and D x on the output, folded into the chunk form (factored and exact heads),
+    against the reference run on v * dt with D * v added after."""
+    q, k, v, g, S0 = case(B, T, G, Hg, N, P, kind, True, seed=T + 3 * Hg)
+    gen = torch.Generator().manual_seed(5)
+    H = G * Hg
+    dt = torch.rand(B, T, H, generator=gen) * 2 + 0.01
+    skip = None if skip_shape is None else torch.randn(H, *([P] if skip_shape == "head_dim" else []), generator=gen)
+    o, S = chunk_grouped(q, k, v, g, initial_state=S0, chunk_size=C, scale=0.8, v_scale=dt, skip=skip)
+    o_ref, S_ref = ref(q, k, v * dt[..., None], g, S0, 0.8)
+    if skip is not None:
+        o_ref = o_ref + (skip if skip.dim() == 2 else skip[:, None]).double() * v.double()
+    assert rel(o, o_ref) <= 1e-5 and rel(S, S_ref) <= 1e-5
+
+
 def test_reset_forgets_the_state_exactly():
     """g = -inf at the first token: the output and state are those of a zero initial state, bit for bit the same
     as without the huge initial state (no 0 * inf, no rounding from it)."""
@@ -167,10 +185,14 @@ def test_shares_of_the_heads_on_threads(G, Hg, threads):
         o, st = linattn.linear_attention(q, k, v, g=g, initial_state=linattn.State(S0), output_final_state=True,
                                          **KW)
         assert torch.get_num_threads() == threads
+        dt, D = torch.rand(2, LONG, G * Hg) + 0.01, torch.randn(G * Hg)  # each share takes its heads' dt and D
+        o2, S2 = cpu_backend.grouped_prefill(q, k, v, g, S0, 1.0, v_scale=dt, skip=D)
     finally:
         torch.set_num_threads(before)
     o_ref, S_ref = ref(q, k, v, g, S0, 1.0)
     assert rel(o, o_ref) <= 1e-5 and rel(st.S, S_ref) <= 1e-5
+    o_ref, S_ref = ref(q, k, v * dt[..., None], g, S0, 1.0)
+    assert rel(o2, o_ref + D[:, None].double() * v.double()) <= 1e-5 and rel(S2, S_ref) <= 1e-5
 
 
 @pytest.mark.parametrize("G,Hg,n,shares", [

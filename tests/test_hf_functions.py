@@ -84,22 +84,34 @@ def test_mamba2_chunk_scan(T, with_state):
     assert y32.dtype == torch.float32 and rel(y32, y_ref) <= 1e-5 and rel(S32, S_ref) <= 1e-5
 
 
-def test_mamba2_chunk_scan_long_float32_runs_the_grouped_chunk_form(monkeypatch):
-    """Long enough, with enough heads per group, a float32 prefill runs the grouped chunk form (matmuls) on CPU."""
+@pytest.mark.parametrize("skip", ["head", "head_dim", None])
+@pytest.mark.parametrize("with_state", [True, False])
+def test_mamba2_chunk_scan_long_float32_runs_the_grouped_chunk_form(monkeypatch, skip, with_state):
+    """Long enough, with enough heads per group, a float32 prefill runs the grouped chunk form (matmuls) on CPU,
+    with dt and D handed to it (no dt x buffer, no pass of its own for D x); D per head, per head and channel, or
+    none."""
     from linattn.backends import cpu as cpu_backend
     from linattn.backends import policy
 
     T = policy.GROUPED_CHUNK_MIN_TOKENS + 45
     gen = torch.Generator().manual_seed(11)
-    inputs = ssm_inputs(T, gen, H=2 * policy.GROUPED_CHUNK_MIN_GROUP, G=2, P=5, N=7)
-    x, dt, A, Bm, Cm, D, dt_bias, S0 = (t.float() for t in inputs)
+    inputs = list(ssm_inputs(T, gen, H=2 * policy.GROUPED_CHUNK_MIN_GROUP, G=2, P=5, N=7))
+    H, P = inputs[0].shape[2:]
+    D_full = {"head": inputs[5][:, None].expand(H, P), "head_dim": torch.randn(H, P, generator=gen, dtype=F64),
+              None: torch.zeros(H, P, dtype=F64)}[skip]
+    if not with_state:
+        inputs[7] = None
+    x, dt, A, Bm, Cm, D, dt_bias, S0 = (None if t is None else t.float() for t in inputs)
+    D = {"head": D, "head_dim": D_full.float(), None: None}[skip]
     ran = []
     real = cpu_backend.grouped_prefill
-    monkeypatch.setattr(cpu_backend, "grouped_prefill", lambda *a: ran.append(1) or real(*a))
+    monkeypatch.setattr(cpu_backend, "grouped_prefill", lambda *a, **kw: ran.append(kw) or real(*a, **kw))
     y, S = lt.mamba2_chunk_scan(x, dt, A, Bm, Cm, D=D, dt_bias=dt_bias, initial_states=S0, dt_softplus=True,
                                 return_final_states=True)
-    assert ran == [1] and y.dtype == torch.float32
+    assert len(ran) == 1 and ran[0]["skip"] is D and ran[0]["v_scale"] is not None and y.dtype == torch.float32
+    inputs[5] = torch.zeros(H, dtype=F64)
     y_ref, S_ref = ssm_loop(*inputs)
+    y_ref = y_ref + D_full * inputs[0]
     assert rel(y, y_ref) <= 1e-5 and rel(S, S_ref) <= 1e-5
 
 

@@ -386,10 +386,12 @@ def grouped_chunk_refusal(rule: str, q: torch.Tensor, v: torch.Tensor, g: torch.
     return None
 
 
-def grouped_prefill(q, k, v, g, state, scale):
+def grouped_prefill(q, k, v, g, state, scale, *, v_scale=None, skip=None):
     """The grouped chunk form (`linattn.ops.gated.chunk_grouped`) in float32, outside autograd: ``q, k [B, T, Hq,
     N]``, ``v [B, T, H, P]``, ``g [B, T, H]``, ``state [B, H, N, P]`` (float32, not written). Returns ``o [B, T, H,
-    P]`` in ``v.dtype`` and the final state ``[B, H, N, P]``, as `prefill` does.
+    P]`` in ``v.dtype`` and the final state ``[B, H, N, P]``, as `prefill` does. ``v_scale [B, T, H]`` and ``skip
+    [H]`` or ``[H, P]`` (default None): Mamba-2's dt on the values and D x on the output, folded into the chunk
+    form's own passes (`linattn.ops.gated.chunk_grouped`).
 
     On more than one thread (`policy.grouped_chunk_threads`) the value heads are split into one share per thread,
     each run on the kernels' pool of Python threads with torch on one thread (torch's count is set to 1 for the
@@ -407,7 +409,7 @@ def grouped_prefill(q, k, v, g, state, scale):
     threads = policy.grouped_chunk_threads(torch_threads, H)
     if threads == 1:
         _, S = ops_gated.chunk_grouped(q, k, v32, g, initial_state=state, chunk_size=policy.GROUPED_CHUNK_SIZE,
-                                       scale=scale, out=out)
+                                       scale=scale, out=out, v_scale=v_scale, skip=skip)
     else:
         S = torch.empty(B, H, N, P)
 
@@ -416,7 +418,9 @@ def grouped_prefill(q, k, v, g, state, scale):
             g0, g1 = h0 * G // H, (h1 * G - 1) // H + 1  # the q/k groups those heads read
             S[:, h0:h1] = ops_gated.chunk_grouped(
                 q[:, :, g0:g1], k[:, :, g0:g1], v32[:, :, h0:h1], g[:, :, h0:h1], initial_state=state[:, h0:h1],
-                chunk_size=policy.GROUPED_CHUNK_SIZE, scale=scale, out=out[:, :, h0:h1])[1]
+                chunk_size=policy.GROUPED_CHUNK_SIZE, scale=scale, out=out[:, :, h0:h1],
+                v_scale=None if v_scale is None else v_scale[:, :, h0:h1],
+                skip=None if skip is None else skip[h0:h1])[1]
 
         shares = head_shares(G, H // G, threads)
         torch.set_num_threads(1)  # (a pool thread takes torch's count at its first torch operation: 1 from here)

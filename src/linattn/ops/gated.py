@@ -203,7 +203,7 @@ def chunk(q, k, v, *, g=None, beta=None, initial_state, chunk_size=64, scale=1.0
 
 
 # ---------------------------------------------------------------------------------------------- chunk_grouped
-def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=None):
+def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=None, v_scale=None, skip=None):
     """The chunk form for one gate per head and q/k heads shared by groups of value heads (Mamba-2's SSD), in the
     public layout, with the products of a group as single matrix products over all its value heads.
 
@@ -212,6 +212,10 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     the state in one dtype, no autograd. ``out``: an optional contiguous ``[B, T, H, P]`` tensor the output is
     written into. Returns ``o [B, T, H, P]`` and the final state ``[B, H, N, P]``: the recurrence of `recurrent`,
     S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t.
+
+    Mamba-2's two extra terms ride along without passes of their own: ``v_scale [B, T, H]`` (default None: 1)
+    multiplies each value row first (v_t -> v_scale_t v_t, its dt), and ``skip [H]`` or ``[H, P]`` (default None)
+    adds ``skip * v_t`` (the unscaled row, its D x) to the output.
 
     Per chunk of C tokens and per group, the Hg = H / G heads of the group lie side by side in a state
     ``[N, Hg*P]``, so that each product below is one matrix product per group. With Gc the cumulative log-gate
@@ -245,6 +249,10 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     m_next = torch.nn.functional.pad(m[:, 1:], (0, 0, 0, 0, 0, 1))  # 0 after the last chunk: S~ is S there
     e_pos = exp_in(Gc - m, dt).mul_(scale)  # (the scale rides on the output's factor)
     e_neg = exp_in((m - Gc).clamp_(max=SAFE_LOG_DECAY), dt).mul_(factored)  # exact heads: 0
+    if v_scale is not None:  # the value rows' own factor rides on the chunk's factor: no pass over v
+        v_scale = torch.nn.functional.pad(v_scale.to(dt), (0, 0, 0, n * C - T)).view(B, n, C, H)
+        e_neg.mul_(v_scale)
+    skip = None if skip is None else skip.to(dt).reshape(G, 1, Hg, -1)
     to_next = exp_in(m_next + G_L - m, dt)  # [B, n, 1, H], at most 1
     # Where that factor of a factored head would be subnormal (its exponent from -120 to -87 in float32: few bits
     # left), the pass is split in two factors, exp(G_L - m) and exp(m'), both at least exp(-SAFE_LOG_DECAY).
@@ -274,6 +282,8 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
             CB = torch.bmm(qc, kc.transpose(1, 2)).tril_()  # [G, L, L] q_i . k_j, j <= i: shared by the group
             torch.bmm(qc, Sb, out=Y).baddbmm_(CB, Vn)
             torch.mul(Y4, per_head(e_pos), out=o4)
+            if skip is not None:
+                o4.addcmul_(vc.reshape(L, G, Hg, P).transpose(0, 1), skip)
             kTc.copy_(kc.transpose(1, 2))  # K^T with unit stride along tokens: a faster product than the view
             S4 = Sb.baddbmm_(kTc, Vn).view(G, N, Hg, P)
             for factor in (halves if split[b][c] else (to_next,)):
@@ -283,6 +293,8 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
                 group, within = heads // Hg, heads % Hg
                 Gh = Gc[b, c, :L, heads].T  # [u, L] float64
                 vh = vc[:, heads].transpose(0, 1)  # [u, L, P]
+                if v_scale is not None:
+                    vh = vh * v_scale[b, c, :L, heads].T[..., None]
                 decays = masked_exp_diff(Gh, dt).mul_(scale).mul_(CB[group])  # [u, L, L]
                 o[b, t0:t0 + L, heads] += torch.bmm(decays, vh).transpose(0, 1)
                 tail = exp_in(m_next[b, c, 0, heads, None] + Gh[:, -1:] - Gh, dt)  # [u, L]: exp(m' + G_L - Gc_j)

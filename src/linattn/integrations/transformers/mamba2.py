@@ -67,12 +67,20 @@ def mamba2_chunk_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Te
     S0 = None if initial_states is None else State(initial_states.to(cd).transpose(-1, -2))
     tracked = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden_states, dt, A, B, C, D, initial_states))
+    g, q, k = dt * A.to(cd), C.to(cd), B.to(cd)
+    if not tracked and cu is None and x.device.type == "cpu":
+        plan = linattn.plan(linattn.linear_attention, q, k, x, rule="gated", g=g, normalize=False, scale=1.0,
+                            initial_state=S0, output_final_state=return_final_states, backend=backend)
+        if plan.grouped_chunk:  # dt and D ride on the chunk form's passes: no dt x buffer, no pass for D x
+            state = torch.zeros(batch, x.shape[2], q.shape[-1], x.shape[-1], dtype=cd) if S0 is None else S0.S
+            o, S = backends.cpu.grouped_prefill(q, k, x, g, state, 1.0, v_scale=dt, skip=D)
+            return (o, S.transpose(-1, -2)) if return_final_states else o
     if tracked or x.device.type != "cpu":
         v = x * dt[..., None]
     else:  # one pass into a buffer advised onto huge pages (at 80 heads of 64, T = 4096: 84 MB, faulted per call)
         v = torch.mul(x, dt[..., None], out=buffers.empty(tuple(x.shape), cd))
     o, state = linattn.linear_attention(
-        C.to(cd), B.to(cd), v, rule="gated", g=dt * A.to(cd), normalize=False, scale=1.0,
+        q, k, v, rule="gated", g=g, normalize=False, scale=1.0,
         initial_state=S0, output_final_state=return_final_states, cu_seqlens=cu, backend=backend)
     if D is not None:
         skip = D.to(cd)[:, None] if D.dim() == 1 else D.to(cd)
