@@ -21,6 +21,9 @@ Rows:
   inputs and do the softplus and the dt scaling themselves;
 * Gated DeltaNet prefill and one step at Qwen3.5's layer (16 q/k heads, 32 value heads, 128 x 128):
   ``ggml_gated_delta_net`` against ``linattn.linear_attention(rule="gated_delta")`` / a Decoder step.
+* This machine's float32 matrix-product rate (``torch.mm`` of 2048 x 2048, at each thread count, same run), and
+  the Mamba-2 prefill rows again as rates of the scan's multiply-adds (4 N P flops per token and value head) with
+  their share of it: how far either runtime is from what the machine's arithmetic allows.
 
 ggml's graph per row is the op plus a ``ggml_cpy`` of its new state back into the state tensor, as llama.cpp's
 layers build it; a prefill starts each run from a zero state (reset outside the timing), a decode step updates
@@ -258,7 +261,7 @@ def mamba2_cases(g, cpu, name: str, H: int, P: int, N: int, G: int, T: int, runs
 
     return gp, gd, [
         dict(family=f"mamba2 ({name})", what=f"prefill T={T}", ggml=gp.compute, setup=s_g.zero_,
-             linattn=core, adapter=adapter, check=check_prefill),
+             linattn=core, adapter=adapter, check=check_prefill, gflop=4 * N * P * H * T / 1e9),
         dict(family=f"mamba2 ({name})", what="decode step", ggml=gd.compute, setup=None,
              linattn=step_core, adapter=step_adapter, check=check_step),
     ]
@@ -366,7 +369,7 @@ def run_family(make, threads_list, repeats, gap_s, record):
                     setups.append(None)
                 ms = dict(zip(fns, timed_medians_ms(list(fns.values()), n, setups, gap_s), strict=True))
                 row = {"family": case["family"], "what": case["what"], "threads": threads, "repeats": n,
-                       "max_rel_diff": d, "adapter_max_rel_diff": da}
+                       "max_rel_diff": d, "adapter_max_rel_diff": da, "scan_gflop": case.get("gflop")}
                 for name in ("ggml", "ggml_op", "linattn", "adapter"):
                     row[f"{name}_ms"] = ms.get(name)
                     if name != "ggml":
@@ -407,6 +410,9 @@ def main() -> None:
 
     start = time.perf_counter()
     with torch.no_grad():
+        sgemm = {t: sgemm_gflops(t) for t in args.threads}
+        print("this machine's sgemm (torch.mm, 2048 x 2048):", ", ".join(f"{v:.1f} GFlop/s at {t}t"
+                                                                          for t, v in sgemm.items()))
         families = []
         if args.only in (None, "mamba2"):
             families += [lambda n=name, h=H, gr=G: mamba2_cases(g, cpu, n, h, 64, 128, gr, args.T, args.repeats)
@@ -422,6 +428,7 @@ def main() -> None:
            "threads": args.threads, "processor": processor(), "isa": vector_isa(), "cpu_count": os.cpu_count(),
            "ggml": ggml_version(g, args.lib), "torch": torch.__version__, "numba": numba.__version__,
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gap_ms": args.gap_ms,
+           "sgemm_gflops": {str(t): v for t, v in sgemm.items()},
            "seconds": round(time.perf_counter() - start, 1),
            "note": "medians of interleaved runs (ggml, linattn, adapter); x_vs_ggml = x's time / ggml's time (above 1:"
                    " slower than ggml); load_1min is os.getloadavg()[0] after each row", "rows": rows}
@@ -452,7 +459,37 @@ def table(doc) -> str:
                                              else f"; {r['adapter_max_rel_diff']:.1e}")
         lines.append(f"| {r['family']} | {r['what']} | {r['threads']} | {ms(r['ggml_ms'])} | {op} | "
                      f"{ms(r['linattn_ms'])} ({r['linattn_vs_ggml']:.2f}x) | {ad} | {diff} | {r['load_1min']} |")
+    rated = [r for r in doc["rows"] if r.get("scan_gflop")]
+    if rated and doc.get("sgemm_gflops"):
+        lines += ["", "The Mamba-2 prefills as rates: the scan's multiply-adds (4 N P flops per token and value head: "
+                  "the state update k vᵀ and the read Sᵀ q, which every form does) per second, and in parentheses "
+                  "that rate's share of this machine's sgemm (torch.mm of 2048 x 2048 float32 matrices, same "
+                  "threads, measured in the same run). The last column is the share a time of half ggml's would "
+                  "take.", "",
+                  "| family | threads | sgemm | ggml | linattn | HF adapter on linattn | half ggml's time |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rated:
+            peak = doc["sgemm_gflops"][str(r["threads"])]
+
+            def rate(t, peak=peak, r=r):
+                return f"{r['scan_gflop'] / t * 1e3:.1f} GFlop/s ({r['scan_gflop'] / t * 1e3 / peak:.0%})"
+
+            lines.append(f"| {r['family']} | {r['threads']} | {peak:.1f} GFlop/s | {rate(r['ggml_ms'])} | "
+                         f"{rate(r['linattn_ms'])} | {rate(r['adapter_ms'])} | {rate(r['ggml_ms'] / 2)} |")
     return "\n".join(lines) + "\n"
+
+
+def sgemm_gflops(threads: int, n: int = 2048, repeats: int = 7) -> float:
+    """This machine's float32 matrix-product rate at ``threads``: the median of ``repeats`` torch.mm of n x n."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
 if __name__ == "__main__":
