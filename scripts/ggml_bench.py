@@ -191,6 +191,9 @@ def timed_medians_ms(fns, repeats: int, setups=None, gap_s: float = 0.0) -> list
     return [statistics.median(s) * 1e3 for s in samples]
 
 
+MAMBA2_LAYERS = (("Mamba-2-2.7B", 80, 1), ("Nemotron-H-8B", 128, 8))  # name, value heads, groups
+
+
 def mamba2_cases(g, cpu, name: str, H: int, P: int, N: int, G: int, T: int, runs: int):
     """Prefill and decode step of one Mamba-2 layer: (row, ggml's call, setup, linattn's calls) per case."""
     gen = torch.Generator().manual_seed(0)
@@ -410,13 +413,15 @@ def main() -> None:
 
     start = time.perf_counter()
     with torch.no_grad():
-        sgemm = {t: sgemm_gflops(t) for t in args.threads}
+        sgemm = {t: sgemm_gflops(t) for t in sorted({1, *args.threads})}  # 1 thread: the products' reference
         print("this machine's sgemm (torch.mm, 2048 x 2048):", ", ".join(f"{v:.1f} GFlop/s at {t}t"
                                                                           for t, v in sgemm.items()))
+        products = {name: chunk_product_gflops(H // G, G) for name, H, G in MAMBA2_LAYERS}
+        print("the chunk form's products, 1 thread:", products)
         families = []
         if args.only in (None, "mamba2"):
             families += [lambda n=name, h=H, gr=G: mamba2_cases(g, cpu, n, h, 64, 128, gr, args.T, args.repeats)
-                         for name, H, G in (("Mamba-2-2.7B", 80, 1), ("Nemotron-H-8B", 128, 8))]
+                         for name, H, G in MAMBA2_LAYERS]
         if args.only in (None, "gated_delta"):
             if has_gdn:
                 families.append(lambda: gated_delta_cases(g, cpu, args.T, args.repeats))
@@ -428,7 +433,7 @@ def main() -> None:
            "threads": args.threads, "processor": processor(), "isa": vector_isa(), "cpu_count": os.cpu_count(),
            "ggml": ggml_version(g, args.lib), "torch": torch.__version__, "numba": numba.__version__,
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gap_ms": args.gap_ms,
-           "sgemm_gflops": {str(t): v for t, v in sgemm.items()},
+           "sgemm_gflops": {str(t): v for t, v in sgemm.items()}, "chunk_product_gflops_1t": products,
            "seconds": round(time.perf_counter() - start, 1),
            "note": "medians of interleaved runs (ggml, linattn, adapter); x_vs_ggml = x's time / ggml's time (above 1:"
                    " slower than ggml); load_1min is os.getloadavg()[0] after each row", "rows": rows}
@@ -461,11 +466,15 @@ def table(doc) -> str:
                      f"{ms(r['linattn_ms'])} ({r['linattn_vs_ggml']:.2f}x) | {ad} | {diff} | {r['load_1min']} |")
     rated = [r for r in doc["rows"] if r.get("scan_gflop")]
     if rated and doc.get("sgemm_gflops"):
+        one = doc["sgemm_gflops"]["1"]
         lines += ["", "The Mamba-2 prefills as rates: the scan's multiply-adds (4 N P flops per token and value head: "
                   "the state update k vᵀ and the read Sᵀ q, which every form does) per second, and in parentheses "
                   "that rate's share of this machine's sgemm (torch.mm of 2048 x 2048 float32 matrices, same "
                   "threads, measured in the same run). The last column is the share a time of half ggml's would "
-                  "take.", "",
+                  "take. The chunk form's two products alone, at 1 thread and these layers' shapes: "
+                  + "; ".join(f"{name} read {r['read']} and write {r['write']} GFlop/s "
+                              f"({r['read'] / one:.0%}, {r['write'] / one:.0%})"
+                              for name, r in doc.get("chunk_product_gflops_1t", {}).items()) + ".", "",
                   "| family | threads | sgemm | ggml | linattn | HF adapter on linattn | half ggml's time |",
                   "|---|---|---|---|---|---|---|"]
         for r in rated:
@@ -477,6 +486,24 @@ def table(doc) -> str:
             lines.append(f"| {r['family']} | {r['threads']} | {peak:.1f} GFlop/s | {rate(r['ggml_ms'])} | "
                          f"{rate(r['linattn_ms'])} | {rate(r['adapter_ms'])} | {rate(r['ggml_ms'] / 2)} |")
     return "\n".join(lines) + "\n"
+
+
+def chunk_product_gflops(Hg: int, G: int, C: int = 32, N: int = 128, P: int = 64, repeats: int = 50) -> dict:
+    """The rates, on one thread, of the grouped chunk form's two products per chunk at a layer's shapes: the read
+    ``[C, N] x [N, Hg P]`` and the state write ``[N, C] x [C, Hg P]``, batched over the G groups (as
+    `linattn.ops.gated.chunk_grouped` calls them; on more threads each runs on its share of the heads)."""
+    torch.set_num_threads(1)
+    out = {}
+    for what, (m, k) in (("read", (C, N)), ("write", (N, C))):
+        a, b = torch.randn(G, m, k), torch.randn(G, k, Hg * P)
+        c = torch.bmm(a, b)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.bmm(a, b, out=c)
+            times.append(time.perf_counter() - t0)
+        out[what] = round(2 * G * m * k * Hg * P / statistics.median(times) / 1e9, 1)
+    return out
 
 
 def sgemm_gflops(threads: int, n: int = 2048, repeats: int = 7) -> float:

@@ -7,7 +7,9 @@ Rows:
 * ``layers``: Mamba-2-2.7B's layer (80 value heads of dim 64, state 128, 1 group) and Nemotron-H-8B's (128 heads,
   8 groups) at ``--T`` tokens (ggml_bench.py's inputs and gates), at each of ``--threads``: the token loop
   (``backend="cpu"``), what ``backend="auto"`` runs (the plan is printed), ``chunk_grouped`` itself at each of
-  ``--chunks`` tokens per chunk, and ggml (``--lib``, as in scripts/ggml_bench.py);
+  ``--chunks`` tokens per chunk, ``chunk_grouped`` run on blocks of ``--head-blocks`` value heads one after
+  the other (each block's state small enough for the core's cache; chunk 32), and ggml (``--lib``, as in
+  scripts/ggml_bench.py);
 * ``sweep`` (the policy's thresholds, `linattn.backends.policy.GROUPED_CHUNK_MIN_TOKENS` / ``_MIN_GROUP``): 128
   value heads of dim 64, state 128, over T and over the value heads per q/k head, the chunk form's time over the
   token loop's (below 1: the chunk form is faster).
@@ -71,8 +73,9 @@ def medians_ms(fns: dict, repeats: int) -> dict:
     return {name: statistics.median(s) * 1e3 for name, s in samples.items()}
 
 
-def calls(q, k, v, g, chunks):
-    """The token loop, auto and chunk_grouped at each chunk size, each returning (o, final state [B, H, N, P])."""
+def calls(q, k, v, g, chunks, head_blocks=()):
+    """The token loop, auto, chunk_grouped at each chunk size and on blocks of value heads, each returning (o,
+    final state [B, H, N, P])."""
     kw = dict(rule="gated", g=g, normalize=False, scale=1.0, output_final_state=True)
 
     def loop():
@@ -88,6 +91,20 @@ def calls(q, k, v, g, chunks):
     S0 = torch.zeros(v.shape[0], v.shape[2], q.shape[-1], v.shape[-1])
     for C in chunks:
         fns[f"chunk {C}"] = lambda C=C: chunk_grouped(q, k, v, g, initial_state=S0, chunk_size=C, scale=1.0, out=out)
+    H, G = v.shape[2], q.shape[2]
+    for hb in head_blocks:
+        if (H // G) % hb:
+            continue  # a block must lie within one q/k group
+
+        def blocked(hb=hb):
+            S = torch.empty_like(S0)
+            for h0 in range(0, H, hb):
+                grp = h0 // (H // G)
+                S[:, h0:h0 + hb] = chunk_grouped(q[:, :, grp:grp + 1], k[:, :, grp:grp + 1], v[:, :, h0:h0 + hb],
+                                                 g[:, :, h0:h0 + hb], initial_state=S0[:, h0:h0 + hb], chunk_size=32,
+                                                 scale=1.0, out=out[:, :, h0:h0 + hb])[1]
+            return out, S
+        fns[f"blocks of {hb}"] = blocked
     return fns
 
 
@@ -110,7 +127,7 @@ def layer_rows(args, lib, lines):
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-                fns = calls(q, k, v, g, args.chunks)
+                fns = calls(q, k, v, g, args.chunks, args.head_blocks)
                 o_ref, S_ref = fns["token loop"]()
                 diffs = {n: max(rel(o, o_ref), rel(S, S_ref)) for n, (o, S) in
                          ((n, f()) for n, f in fns.items() if n != "token loop")}
@@ -162,6 +179,8 @@ def main() -> None:
     parser.add_argument("--T", type=int, default=4096)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--chunks", type=int, nargs="*", default=[32, 64, 128])
+    parser.add_argument("--head-blocks", type=int, nargs="*", default=[],
+                        help="value heads per block for the blocked rows (sizes that divide a group's heads)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip", choices=["layers", "sweep"], default=None)
     parser.add_argument("--busy-core", action="store_true",

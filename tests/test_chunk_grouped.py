@@ -77,7 +77,7 @@ def test_matches_the_float64_reference(B, T, G, Hg, N, P, C, kind, init):
 
 @pytest.mark.parametrize("B,T,G,Hg,N,P,C", [(2, 65, 3, 1, 5, 3, 64), (1, 77, 2, 8, 5, 7, 16)])
 @pytest.mark.parametrize("kind", ["mild", "strong", "reset"])
-@pytest.mark.parametrize("skip_shape", [None, "head", "head_dim"])
+@pytest.mark.parametrize("skip_shape", [None, "head", "head_dim", "one"])
 def test_value_scale_and_skip_match_the_float64_reference(B, T, G, Hg, N, P, C, kind, skip_shape):
     """Mamba-2's dt on the values and D x on the output, folded into the chunk form (factored and exact heads),
     against the reference run on v * dt with D * v added after."""
@@ -85,11 +85,12 @@ def test_value_scale_and_skip_match_the_float64_reference(B, T, G, Hg, N, P, C, 
     gen = torch.Generator().manual_seed(5)
     H = G * Hg
     dt = torch.rand(B, T, H, generator=gen) * 2 + 0.01
-    skip = None if skip_shape is None else torch.randn(H, *([P] if skip_shape == "head_dim" else []), generator=gen)
+    shape = {None: None, "head": (H,), "head_dim": (H, P), "one": (1,)}[skip_shape]  # "one": broadcast to every head
+    skip = None if shape is None else torch.randn(shape, generator=gen)
     o, S = chunk_grouped(q, k, v, g, initial_state=S0, chunk_size=C, scale=0.8, v_scale=dt, skip=skip)
     o_ref, S_ref = ref(q, k, v * dt[..., None], g, S0, 0.8)
     if skip is not None:
-        o_ref = o_ref + (skip if skip.dim() == 2 else skip[:, None]).double() * v.double()
+        o_ref = o_ref + (skip if skip.dim() == 2 else skip[:, None]).double() * v.double()  # [1, 1] broadcasts
     assert rel(o, o_ref) <= 1e-5 and rel(S, S_ref) <= 1e-5
 
 

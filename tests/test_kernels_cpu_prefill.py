@@ -612,3 +612,35 @@ def test_on_threads_works_in_a_forked_child():
             os._exit(0 if sorted(got) == [2, 2] else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0 and sorted(seen) == [2, 2]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "auto"])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("rule,gate,normalize", [("gated", "head", False), ("gated_delta", "channel", False),
+                                                 ("accumulate", None, True)])
+def test_an_initial_state_in_the_kernels_layout_is_not_written(backend, grad, rule, gate, normalize):
+    """A state that is the transposed view of a contiguous ``[Dv, Dk]`` tensor (HF's Mamba-2 layout, as the
+    transformers adapter hands it on) is already in the kernel's layout: it must still be copied, not written (it
+    once came back holding the final state)."""
+    B, T, H, Dk, Dv = 2, 13, 3, 5, 4
+    gen = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(B, T, H, Dk, generator=gen) for _ in range(2))
+    v = torch.randn(B, T, H, Dv, generator=gen)
+    g = None if gate is None else -torch.rand(B, T, H, *([Dk] if gate == "channel" else []), generator=gen)
+    beta = torch.rand(B, T, H, generator=gen) if "delta" in rule else None
+    if grad:
+        v.requires_grad_()
+    width = Dv + normalize
+    mem = torch.rand(B, H, width, Dk, generator=gen)  # contiguous [Dv(+1), Dk]
+    S0 = State(mem[..., :Dv, :].transpose(-1, -2), mem[..., Dv, :] if normalize else None)
+    before = mem.clone()
+    feature_map = "elu1" if normalize else None
+    o, st = linattn.linear_attention(q, k, v, rule=rule, g=g, beta=beta, initial_state=S0, normalize=normalize,
+                                     feature_map=feature_map, output_final_state=True, backend=backend)
+    if grad:
+        o.square().sum().backward()
+    assert torch.equal(mem, before)
+    o_ref, st_ref = linattn.linear_attention(q, k, v, rule=rule, g=g, beta=beta, initial_state=State(
+        before[..., :Dv, :].transpose(-1, -2).contiguous(), before[..., Dv, :] if normalize else None),
+        normalize=normalize, feature_map=feature_map, output_final_state=True, backend="torch")
+    assert rel_err(o.detach(), o_ref.detach()) <= 1e-5 and rel_err(st.S.detach(), st_ref.S.detach()) <= 1e-5

@@ -77,7 +77,10 @@ def zero_state(B: int, H: int, Dk: int, Dv: int, normalize: bool, dtype: torch.d
 def to_kernel_layout(S: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``[..., Dk, Dw]`` (``[S | z]`` or S) as the compiled token loops keep it: ``[..., Dw, Dk]``, one value
     column's keys contiguous; a contiguous copy in ``dtype`` outside autograd (the kernel writes it)."""
-    return S.detach().to(dtype).transpose(-1, -2).contiguous()
+    ST = S.detach().to(dtype).transpose(-1, -2)
+    # A state already in this layout (the transposed view of a contiguous [Dw, Dk] tensor, HF's Mamba-2 cache) would
+    # come back from .contiguous() as the caller's own memory.
+    return ST.clone(memory_format=torch.contiguous_format) if ST.is_contiguous() else ST.contiguous()
 
 
 def from_kernel_layout(ST: torch.Tensor) -> torch.Tensor:

@@ -214,8 +214,8 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale * S_t^T q_t.
 
     Mamba-2's two extra terms ride along without passes of their own: ``v_scale [B, T, H]`` (default None: 1)
-    multiplies each value row first (v_t -> v_scale_t v_t, its dt), and ``skip [H]`` or ``[H, P]`` (default None)
-    adds ``skip * v_t`` (the unscaled row, its D x) to the output.
+    multiplies each value row first (v_t -> v_scale_t v_t, its dt), and ``skip [H]`` or ``[H, P]`` (default None; any
+    shape that broadcasts to one of them) adds ``skip * v_t`` (the unscaled row, its D x) to the output.
 
     Per chunk of C tokens and per group, the Hg = H / G heads of the group lie side by side in a state
     ``[N, Hg*P]``, so that each product below is one matrix product per group. With Gc the cumulative log-gate
@@ -252,7 +252,9 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
     if v_scale is not None:  # the value rows' own factor rides on the chunk's factor: no pass over v
         v_scale = torch.nn.functional.pad(v_scale.to(dt), (0, 0, 0, n * C - T)).view(B, n, C, H)
         e_neg.mul_(v_scale)
-    skip = None if skip is None else skip.to(dt).reshape(G, 1, Hg, -1)
+    if skip is not None:  # [H] or [H, P], or any shape that broadcasts to one of them
+        skip = skip.to(dt).expand(H) if skip.dim() <= 1 else skip.to(dt).expand(H, P)
+        skip = skip.reshape(G, 1, Hg, -1)
     to_next = exp_in(m_next + G_L - m, dt)  # [B, n, 1, H], at most 1
     # Where that factor of a factored head would be subnormal (its exponent from -120 to -87 in float32: few bits
     # left), the pass is split in two factors, exp(G_L - m) and exp(m'), both at least exp(-SAFE_LOG_DECAY).
