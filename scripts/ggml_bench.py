@@ -488,35 +488,29 @@ def table(doc) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chunk_product_gflops(Hg: int, G: int, C: int = 32, N: int = 128, P: int = 64, repeats: int = 50) -> dict:
-    """The rates, on one thread, of the grouped chunk form's two products per chunk at a layer's shapes: the read
-    ``[C, N] x [N, Hg P]`` and the state write ``[N, C] x [C, Hg P]``, batched over the G groups (as
-    `linattn.ops.gated.chunk_grouped` calls them; on more threads each runs on its share of the heads)."""
-    torch.set_num_threads(1)
-    out = {}
-    for what, (m, k) in (("read", (C, N)), ("write", (N, C))):
-        a, b = torch.randn(G, m, k), torch.randn(G, k, Hg * P)
-        c = torch.bmm(a, b)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            torch.bmm(a, b, out=c)
-            times.append(time.perf_counter() - t0)
-        out[what] = round(2 * G * m * k * Hg * P / statistics.median(times) / 1e9, 1)
-    return out
-
-
-def sgemm_gflops(threads: int, n: int = 2048, repeats: int = 7) -> float:
-    """This machine's float32 matrix-product rate at ``threads``: the median of ``repeats`` torch.mm of n x n."""
+def product_gflops(a: torch.Tensor, b: torch.Tensor, threads: int, repeats: int) -> float:
+    """The median rate of ``torch.matmul(a, b)`` (batched or not) on ``threads``, in GFlop/s."""
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.mm(a, b)
+    c = torch.matmul(a, b)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        torch.mm(a, b, out=c)
+        torch.matmul(a, b, out=c)
         times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / statistics.median(times) / 1e9
+    return 2 * a.numel() * b.shape[-1] / statistics.median(times) / 1e9
+
+
+def chunk_product_gflops(Hg: int, G: int, C: int = 32, N: int = 128, P: int = 64) -> dict:
+    """The rates, on one thread, of the grouped chunk form's two products per chunk at a layer's shapes: the read
+    ``[C, N] x [N, Hg P]`` and the state write ``[N, C] x [C, Hg P]``, batched over the G groups (as
+    `linattn.ops.gated.chunk_grouped` calls them; on more threads each runs on its share of the heads)."""
+    return {what: round(product_gflops(torch.randn(G, m, k), torch.randn(G, k, Hg * P), 1, 50), 1)
+            for what, (m, k) in (("read", (C, N)), ("write", (N, C)))}
+
+
+def sgemm_gflops(threads: int, n: int = 2048) -> float:
+    """This machine's float32 matrix-product rate on ``threads``: torch.mm of n x n."""
+    return product_gflops(torch.randn(n, n), torch.randn(n, n), threads, 7)
 
 
 if __name__ == "__main__":
