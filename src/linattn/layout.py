@@ -78,9 +78,11 @@ def to_kernel_layout(S: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
     """``[..., Dk, Dw]`` (``[S | z]`` or S) as the compiled token loops keep it: ``[..., Dw, Dk]``, one value
     column's keys contiguous; a contiguous copy in ``dtype`` outside autograd (the kernel writes it)."""
     ST = S.detach().to(dtype).transpose(-1, -2)
-    # A state already in this layout (the transposed view of a contiguous [Dw, Dk] tensor, HF's Mamba-2 cache) would
-    # come back from .contiguous() as the caller's own memory.
-    return ST.clone(memory_format=torch.contiguous_format) if ST.is_contiguous() else ST.contiguous()
+    if not ST.is_contiguous():
+        return ST.contiguous()
+    # Already in this layout (the transposed view of a contiguous [Dw, Dk] tensor, as HF's Mamba-2 cache is handed
+    # on, or a width of 1), where .contiguous() would hand back the caller's own memory: a copy with its strides.
+    return torch.empty_strided(ST.shape, ST.stride(), dtype=dtype, device=ST.device).copy_(ST)
 
 
 def from_kernel_layout(ST: torch.Tensor) -> torch.Tensor:
