@@ -253,8 +253,8 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
         v_scale = torch.nn.functional.pad(v_scale.to(dt), (0, 0, 0, n * C - T)).view(B, n, C, H)
         e_neg.mul_(v_scale)
     if skip is not None:  # [H] or [H, P], or any shape that broadcasts to one of them
-        skip = skip.to(dt).expand(H) if skip.dim() <= 1 else skip.to(dt).expand(H, P)
-        skip = skip.reshape(G, 1, Hg, -1)
+        skip = skip.to(dt)
+        skip = (skip.expand(H) if skip.dim() <= 1 else skip.expand(H, P)).reshape(G, 1, Hg, -1)
     to_next = exp_in(m_next + G_L - m, dt)  # [B, n, 1, H], at most 1
     # Where that factor of a factored head would be subnormal (its exponent from -120 to -87 in float32: few bits
     # left), the pass is split in two factors, exp(G_L - m) and exp(m'), both at least exp(-SAFE_LOG_DECAY).
@@ -280,12 +280,13 @@ def chunk_grouped(q, k, v, g, *, initial_state, chunk_size=64, scale=1.0, out=No
                 return x[b, c, :L].view(L, G, Hg, 1).transpose(0, 1)
 
             Sb, Y4, o4 = S[b], Y.view(G, L, Hg, P), o[b, t0:t0 + L].view(L, G, Hg, P).transpose(0, 1)
-            torch.mul(vc.reshape(L, G, Hg, P).transpose(0, 1), per_head(e_neg), out=Vn.view(G, L, Hg, P))
+            v4 = vc.reshape(L, G, Hg, P).transpose(0, 1)  # [G, L, Hg, P]
+            torch.mul(v4, per_head(e_neg), out=Vn.view(G, L, Hg, P))
             CB = torch.bmm(qc, kc.transpose(1, 2)).tril_()  # [G, L, L] q_i . k_j, j <= i: shared by the group
             torch.bmm(qc, Sb, out=Y).baddbmm_(CB, Vn)
             torch.mul(Y4, per_head(e_pos), out=o4)
             if skip is not None:
-                o4.addcmul_(vc.reshape(L, G, Hg, P).transpose(0, 1), skip)
+                o4.addcmul_(v4, skip)
             kTc.copy_(kc.transpose(1, 2))  # K^T with unit stride along tokens: a faster product than the view
             S4 = Sb.baddbmm_(kTc, Vn).view(G, N, Hg, P)
             for factor in (halves if split[b][c] else (to_next,)):

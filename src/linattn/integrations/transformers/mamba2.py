@@ -68,7 +68,8 @@ def mamba2_chunk_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Te
     tracked = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden_states, dt, A, B, C, D, initial_states))
     g, q, k = dt * A.to(cd), C.to(cd), B.to(cd)
-    if not tracked and cu is None and x.device.type == "cpu":
+    # (the policy's length and grouping first: a short prefill skips the plan's checks, which linear_attention repeats)
+    if not tracked and cu is None and x.device.type == "cpu" and policy.grouped_chunk(T, x.shape[2] // q.shape[2]):
         plan = linattn.plan(linattn.linear_attention, q, k, x, rule="gated", g=g, normalize=False, scale=1.0,
                             initial_state=S0, output_final_state=return_final_states, backend=backend)
         if plan.grouped_chunk:  # dt and D ride on the chunk form's passes: no dt x buffer, no pass for D x
