@@ -35,6 +35,7 @@ import inspect
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -445,7 +446,11 @@ def main() -> None:
            "dtype": "float32", "repeats": args.repeats, "threads": args.threads, "processor": processor(),
            "cpu_count": os.cpu_count(), "torch": torch.__version__, "transformers": transformers.__version__,
            "note": "medians of interleaved runs on a machine shared with other work; load_1min is os.getloadavg()[0]"
-                   " after each row", "parts": [part for part in PARTS if part in only], "rows": rows}
+                   " after each row", "parts": [part for part in PARTS if part in only], "rows": rows,
+           "command": " ".join(["python", *sys.argv])}
+    allocator = {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}
+    if allocator:  # glibc's allocator settings change HF's side most (docs/transformers.md)
+        doc["environment"] = " ".join(f"{k}={v}" for k, v in allocator.items())
     if share:
         doc["share"] = {"threads": args.share_threads, "decode_steps": args.decode_steps, "timer": TIMER,
                         "timed_prefills": max(1, args.repeats - 1), "rows": share}
@@ -491,6 +496,8 @@ def merged(old: dict, new: dict, only: set[str]) -> dict:
 def table(doc) -> str:
     lines = [f"HF's torch functions against linattn's, {doc['processor']} ({doc['cpu_count']} cores), float32, B = 1, "
              f"medians of {doc['repeats']} interleaved runs; load average (1 min) per row.", ""]
+    if doc.get("environment"):
+        lines[:0] = [f"Run with glibc's allocator set by {doc['environment']}.", ""]
     if doc["rows"]:
         lines += ["| level | family | what | threads | HF | linattn | unit | speedup | max rel. diff | load |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
